@@ -1,0 +1,1 @@
+"""vigil: deploy vLLM as systemd services and verify that they came up."""

@@ -1,0 +1,221 @@
+"""Desired state as validated values: host variables, model profiles, stacks.
+
+Only shapes and per-file rules live here; loading and merging is ``inventory.py``.
+Every model forbids unknown keys so a typo is an error, not a silently ignored key.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# Values end up in a systemd unit and an environment file: no control characters,
+# so a value can never start a new line (a new key) there.
+_SAFE_TEXT = re.compile(r"^[^\x00-\x1f\x7f]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_UNIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")
+_USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]*\$?$")
+_PKG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+SafeText = Annotated[str, Field(pattern=_SAFE_TEXT.pattern)]
+AbsPath = Annotated[str, Field(pattern=r"^/[^\x00-\x1f\x7f]*$")]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _check_env(env: dict[str, str]) -> dict[str, str]:
+    for name, value in env.items():
+        if not _ENV_NAME.match(name):
+            raise ValueError(f"environment name {name!r} is not a valid variable name")
+        if not _SAFE_TEXT.match(value):
+            raise ValueError(f"environment value of {name} contains a control character")
+    return env
+
+
+class Gpu(Strict):
+    kind: SafeText = Field(description="e.g. 'RTX PRO 6000 Blackwell'")
+    count: int = Field(ge=0)
+    memory_gib: float = Field(gt=0)
+
+
+class HostVars(Strict):
+    """Variables of one host after merging all < group < host (< --set flags)."""
+
+    # how to reach it
+    address: SafeText = "127.0.0.1"
+    connection: Literal["ssh", "local"] = "ssh"
+    ssh_user: SafeText = "root"
+    ssh_port: int = Field(22, ge=1, le=65535)
+    ssh_key: SafeText | None = None
+    known_hosts: SafeText | None = None
+    host_key_check: bool = True
+    connect_timeout_s: float = Field(10.0, gt=0)
+    sudo: bool = False
+    lock_timeout_s: float = Field(600.0, ge=0)
+    # what it has
+    gpu: Gpu | None = None
+    # what runs there
+    model: SafeText | None = None
+    stack: SafeText | None = None
+    service: str = "vllm"
+    service_user: str = "vllm"
+    bind: SafeText = "0.0.0.0"
+    port: int = Field(8000, ge=1, le=65535)
+    api_key_env: SafeText | None = None
+    env_root: AbsPath = "/opt/vigil/envs"
+    config_dir: AbsPath = "/etc/vigil"
+    unit_dir: AbsPath = "/etc/systemd/system"
+    state_dir: AbsPath = "/var/lib/vigil"
+    cache_dir: AbsPath = "/var/cache/vigil"
+    env: dict[str, str] = Field(default_factory=dict)
+    secret_env: list[str] = Field(
+        default_factory=list,
+        description="names whose values are taken from the operator's environment",
+    )
+    overrides: dict[str, object] = Field(
+        default_factory=dict, description="model profile fields overridden for this host"
+    )
+    serve_timeout_s: float = Field(1800.0, gt=0)
+
+    @field_validator("service")
+    @classmethod
+    def _unit_name(cls, v: str) -> str:
+        if not _UNIT_NAME.match(v):
+            raise ValueError("must be a unit name: letters, digits, '_', '.', '@', '-'")
+        return v
+
+    @field_validator("service_user")
+    @classmethod
+    def _user(cls, v: str) -> str:
+        if not _USER_NAME.match(v):
+            raise ValueError("must be a POSIX user name")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        return _check_env(v)
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secret_names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not _ENV_NAME.match(name):
+                raise ValueError(f"{name!r} is not a valid variable name")
+        return v
+
+
+class ModelProfile(Strict):
+    """How to serve one model: the vLLM arguments and what the model needs."""
+
+    name: SafeText
+    description: SafeText = ""
+    model: SafeText = Field(description="path on the host (or a hub id when online)")
+    served_model_name: SafeText | None = None
+    device: Literal["cuda", "cpu"] = "cuda"
+    stack: SafeText | None = None
+    tensor_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1)
+    data_parallel_size: int = Field(1, ge=1)
+    max_model_len: int = Field(ge=16)
+    max_position_embeddings: int | None = Field(
+        None, ge=16, description="the model's limit; refused above it"
+    )
+    gpu_memory_utilization: float = Field(0.92, gt=0, le=1)
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    quantization: SafeText | None = None
+    kv_cache_dtype: SafeText = "auto"
+    max_num_seqs: int | None = Field(None, ge=1)
+    enforce_eager: bool = False
+    trust_remote_code: bool = False
+    extra_args: list[SafeText] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    weights_gib_per_gpu: float = Field(gt=0, description="for budgets and disk checks")
+    num_attention_heads: int | None = Field(None, ge=1)
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        return _check_env(v)
+
+    @field_validator("extra_args")
+    @classmethod
+    def _extra(cls, v: list[str]) -> list[str]:
+        for arg in v:
+            if not arg.startswith("-"):
+                raise ValueError(
+                    f"{arg!r}: write each extra argument as one '--flag' or '--flag=value' item"
+                )
+        return v
+
+    @model_validator(mode="after")
+    def _limits(self) -> ModelProfile:
+        limit = self.max_position_embeddings
+        if limit is not None and self.max_model_len > limit:
+            raise ValueError(
+                f"max_model_len {self.max_model_len} is above the model's "
+                f"max_position_embeddings {limit}"
+            )
+        heads = self.num_attention_heads
+        if heads is not None and heads % self.tensor_parallel_size:
+            raise ValueError(
+                f"tensor_parallel_size {self.tensor_parallel_size} does not divide the "
+                f"model's {heads} attention heads"
+            )
+        return self
+
+    @property
+    def gpus_needed(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
+
+
+class Stack(Strict):
+    """A pinned runtime: exact versions, what to remove, where wheels come from."""
+
+    name: SafeText
+    description: SafeText = ""
+    python: AbsPath = "/usr/bin/python3"
+    packages: dict[str, str] = Field(min_length=1, description="distribution -> exact version")
+    remove: list[str] = Field(default_factory=list)
+    index_url: SafeText | None = None
+    extra_index_urls: list[SafeText] = Field(default_factory=list)
+    find_links: list[SafeText] = Field(default_factory=list)
+
+    @field_validator("packages")
+    @classmethod
+    def _pins(cls, v: dict[str, str]) -> dict[str, str]:
+        from packaging.version import InvalidVersion, Version
+
+        for name, version in v.items():
+            if not _PKG_NAME.match(name):
+                raise ValueError(f"{name!r} is not a package name")
+            try:
+                Version(version)
+            except InvalidVersion:
+                raise ValueError(
+                    f"{name}: {version!r} is not an exact version (write e.g. '0.32.0')"
+                ) from None
+        return v
+
+    @field_validator("remove")
+    @classmethod
+    def _names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not _PKG_NAME.match(name):
+                raise ValueError(f"{name!r} is not a package name")
+        return v
+
+
+class Group(Strict):
+    hosts: list[str] = Field(default_factory=list)
+    vars: dict[str, object] = Field(default_factory=dict)
+
+
+class HostsFile(Strict):
+    # a host's own variables inline (address, ssh_port, gpu, ...), or nothing
+    hosts: dict[str, dict[str, object] | None] = Field(default_factory=dict)
+    groups: dict[str, Group] = Field(default_factory=dict)
