@@ -1,0 +1,236 @@
+"""Phase budgets from history: pure math over past starts.
+
+A start's phase durations are right-skewed (a cold compile is 10x a warm one, a slow
+disk doubles a load), so budgets are fitted on log-durations with robust statistics:
+budget = exp(median + k * max(MAD, min_spread)), clamped to [floor, cap]. This is the
+log-scale cousin of RFC 6298's SRTT + 4*RTTVAR, robust to the odd outlier.
+
+With few samples the key relaxes step by step (exact → same GPU kind and model →
+same model → a prior from the weight size and an assumed disk speed). Storage of the
+records is elsewhere (SQLite on the host); here are the record type and the functions.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from vigil.catalog import PHASES
+
+WATCHED_PHASES: tuple[str, ...] = PHASES[:-1]  # `ready` has no budget
+
+CacheState = Literal["cold", "warm"]
+
+# Quiet windows: how long a phase may show no progress evidence before it is stalled.
+# Compile gets the longest: Dynamo traces for minutes before inductor writes a file.
+DEFAULT_STALL_S: dict[str, float] = {
+    "bootstrap": 180.0,
+    "engine_init": 180.0,
+    "distributed_init": 300.0,
+    "loading_weights": 300.0,
+    "compiling": 480.0,
+    "kv_cache": 300.0,
+    "capturing_graphs": 300.0,
+    "api_starting": 120.0,
+}
+
+# Budgets with no history and no size information: generous, like a fixed probe.
+DEFAULT_PHASE_S: dict[str, float] = {
+    "bootstrap": 120.0,
+    "engine_init": 120.0,
+    "distributed_init": 180.0,
+    "loading_weights": 600.0,
+    "compiling": 1200.0,
+    "kv_cache": 300.0,
+    "capturing_graphs": 300.0,
+    "api_starting": 120.0,
+}
+
+FLOOR_S = 30.0  # no phase budget below this: polls are seconds apart
+CAP_S = 3600.0  # no phase budget above this
+HARD_CAP_S = 7200.0  # the whole start
+MIN_SAMPLES = 3
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """What the reducer is given: per-phase budgets, stall windows, and the hard cap."""
+
+    phase_s: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_PHASE_S))
+    stall_s: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_STALL_S))
+    hard_cap_s: float = HARD_CAP_S
+
+    def budget(self, phase: str) -> float:
+        return self.phase_s.get(phase, DEFAULT_PHASE_S.get(phase, 300.0))
+
+    def stall(self, phase: str) -> float:
+        return self.stall_s.get(phase, DEFAULT_STALL_S.get(phase, 300.0))
+
+
+@dataclass(frozen=True)
+class BudgetKey:
+    hardware: str  # e.g. "8xH200-141GB"; "cpu-2c" on CPU hosts
+    gpu_kind: str  # e.g. "H200"; "cpu"
+    model: str  # model profile name
+    config_hash: str  # hash of the vLLM flags and env that change startup
+    stack: str  # stack versions, e.g. "vllm=0.33.0,torch=2.10.0,flashinfer=0.6.4"
+    cache: CacheState
+
+
+@dataclass(frozen=True)
+class HistoryRecord:
+    """One past start, as history stores it."""
+
+    key: BudgetKey
+    started_at: float  # epoch s
+    verdict: str  # ready, slow, stalled, crashed, timed_out
+    phases_s: Mapping[str, float]  # phase → duration
+    total_s: float
+    cause: str | None = None
+    host: str = ""
+    # Longest stretch without progress evidence, per phase: sizes stall windows.
+    quiet_s: Mapping[str, float] = field(default_factory=dict)
+    weights_gib_per_gpu: float | None = None
+    gpu_count: int | None = None
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "key": {
+                "hardware": self.key.hardware, "gpu_kind": self.key.gpu_kind,
+                "model": self.key.model, "config_hash": self.key.config_hash,
+                "stack": self.key.stack, "cache": self.key.cache,
+            },
+            "started_at": self.started_at, "verdict": self.verdict,
+            "phases_s": dict(self.phases_s), "total_s": self.total_s, "cause": self.cause,
+            "host": self.host, "quiet_s": dict(self.quiet_s),
+            "weights_gib_per_gpu": self.weights_gib_per_gpu, "gpu_count": self.gpu_count,
+        }
+
+
+# Relaxation levels, strictest first: the name and the key fields that must match.
+LEVELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("exact", ("hardware", "gpu_kind", "model", "config_hash", "stack", "cache")),
+    ("gpu_kind+model", ("gpu_kind", "model", "cache")),
+    ("model", ("model", "cache")),
+)
+
+
+def _matches(record: HistoryRecord, key: BudgetKey, fields: Sequence[str]) -> bool:
+    return all(getattr(record.key, f) == getattr(key, f) for f in fields)
+
+
+def select_samples(
+    records: Iterable[HistoryRecord], key: BudgetKey, *, min_samples: int = MIN_SAMPLES
+) -> tuple[str, list[HistoryRecord]]:
+    """The strictest level with enough successful starts: (level name, records).
+
+    Only starts that became ready teach a duration; a crash's phases are cut short.
+    Returns ("prior", []) when no level has `min_samples`.
+    """
+    good = [r for r in records if r.verdict in ("ready", "slow")]
+    for name, fields in LEVELS:
+        picked = [r for r in good if _matches(r, key, fields)]
+        if len(picked) >= min_samples:
+            return name, picked
+    return "prior", []
+
+
+def fit_log_robust(
+    durations: Sequence[float],
+    *,
+    k: float = 3.0,
+    min_spread: float = math.log(1.5),
+    floor: float = FLOOR_S,
+    cap: float = CAP_S,
+) -> float:
+    """exp(median(log d) + k * max(1.4826 * MAD(log d), min_spread)), clamped.
+
+    min_spread keeps identical samples from giving a zero-margin budget: starts that
+    took 60 s five times still may take 90 s the sixth.
+    """
+    positive = [d for d in durations if d > 0]
+    if not positive:
+        return floor
+    logs = [math.log(d) for d in positive]
+    med = statistics.median(logs)
+    mad = 1.4826 * statistics.median(abs(x - med) for x in logs)
+    budget = math.exp(med + k * max(mad, min_spread))
+    return min(max(budget, floor), cap)
+
+
+def prior_phase_s(
+    *,
+    weights_gib_per_gpu: float | None,
+    gpu_count: int = 1,
+    cache: CacheState = "cold",
+    disk_gib_s: float = 1.0,
+) -> dict[str, float]:
+    """Budgets without history: the load phase from the bytes to read at an assumed disk
+    speed (x2 margin, all GPUs read from the same disk), compile cold vs warm."""
+    out = dict(DEFAULT_PHASE_S)
+    if weights_gib_per_gpu is not None and weights_gib_per_gpu > 0:
+        read_s = weights_gib_per_gpu * max(gpu_count, 1) / max(disk_gib_s, 1e-3)
+        out["loading_weights"] = min(max(2.0 * read_s + 60.0, FLOOR_S), CAP_S)
+    if cache == "warm":
+        out["compiling"] = 300.0
+    return out
+
+
+def stall_windows(samples: Sequence[HistoryRecord]) -> dict[str, float]:
+    """Defaults, widened to 2x the longest quiet stretch a successful start has shown."""
+    out = dict(DEFAULT_STALL_S)
+    for phase in WATCHED_PHASES:
+        quiet = [r.quiet_s[phase] for r in samples if phase in r.quiet_s]
+        if quiet:
+            out[phase] = min(max(out[phase], 2.0 * max(quiet)), CAP_S)
+    return out
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    budgets: Budgets
+    level: str  # exact | gpu_kind+model | model | prior
+    n_samples: int
+    source: Mapping[str, str]  # phase → "history" | "prior"
+
+
+def plan_budgets(
+    records: Iterable[HistoryRecord],
+    key: BudgetKey,
+    *,
+    weights_gib_per_gpu: float | None = None,
+    gpu_count: int = 1,
+    disk_gib_s: float = 1.0,
+    min_samples: int = MIN_SAMPLES,
+    hard_cap_s: float = HARD_CAP_S,
+) -> BudgetPlan:
+    """Budgets for the next start under `key`."""
+    level, samples = select_samples(records, key, min_samples=min_samples)
+    prior = prior_phase_s(
+        weights_gib_per_gpu=weights_gib_per_gpu, gpu_count=gpu_count,
+        cache=key.cache, disk_gib_s=disk_gib_s,
+    )
+    phase_s: dict[str, float] = {}
+    source: dict[str, str] = {}
+    for phase in WATCHED_PHASES:
+        durations = [r.phases_s[phase] for r in samples if phase in r.phases_s]
+        if len(durations) >= min_samples:
+            phase_s[phase] = fit_log_robust(durations)
+            source[phase] = "history"
+        else:
+            phase_s[phase] = prior[phase]
+            source[phase] = "prior"
+    totals = [r.total_s for r in samples]
+    # The whole start: the fitted total with its own margin, never over the hard cap,
+    # and never below 1.5x the sum of budgets (room for a phase or two running slow).
+    fitted_total = fit_log_robust(totals, cap=hard_cap_s) if totals else hard_cap_s
+    cap = min(max(fitted_total, 1.5 * sum(phase_s.values())), hard_cap_s)
+    return BudgetPlan(
+        budgets=Budgets(phase_s=phase_s, stall_s=stall_windows(samples), hard_cap_s=cap),
+        level=level,
+        n_samples=len(samples),
+        source=source,
+    )
