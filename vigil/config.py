@@ -65,12 +65,9 @@ class HostVars(Strict):
     service_user: str = "vllm"
     bind: SafeText = "0.0.0.0"
     port: int = Field(8000, ge=1, le=65535)
-    api_key_env: SafeText | None = None
     env_root: AbsPath = "/opt/vigil/envs"
     config_dir: AbsPath = "/etc/vigil"
     unit_dir: AbsPath = "/etc/systemd/system"
-    state_dir: AbsPath = "/var/lib/vigil"
-    cache_dir: AbsPath = "/var/cache/vigil"
     env: dict[str, str] = Field(default_factory=dict)
     secret_env: list[str] = Field(
         default_factory=list,

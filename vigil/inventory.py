@@ -18,6 +18,7 @@ inventory directory so an inventory works from any working directory.
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,19 +52,20 @@ def read_yaml(path: Path) -> Any:
 
 def validation_error(exc: ValidationError, file: str) -> ConfigError:
     """Turn pydantic's report into one message naming file, key and expectation."""
-    lines = []
-    first_key = None
+    lines: list[str] = []
+    first_key: str | None = None
     for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        key = ".".join(str(p) for p in err["loc"])
         first_key = first_key or key
-        msg = err["msg"]
+        msg = err["msg"].removeprefix("Value error, ")
         if err["type"] == "extra_forbidden":
             msg = "unknown key (a typo?)"
         elif err["type"] == "missing":
             msg = "required key is missing"
         value = err.get("input")
-        shown = "" if err["type"] in ("missing", "extra_forbidden") else f" (got {value!r})"
-        lines.append(f"{key}: {msg}{shown}")
+        quiet = err["type"] in ("missing", "extra_forbidden", "value_error") or not key
+        shown = "" if quiet else f" (got {value!r})"
+        lines.append(f"{key}: {msg}{shown}" if key else f"{msg}{shown}")
     message = lines[0] if len(lines) == 1 else "\n    " + "\n    ".join(lines)
     return ConfigError(message, file=file)
 
@@ -255,9 +257,9 @@ def _as_vars(data: Any, path: Path) -> dict[str, Any]:
 def _check_keys(data: dict[str, Any], where: str) -> None:
     unknown = sorted(set(data) - set(HostVars.model_fields))
     if unknown:
+        close = difflib.get_close_matches(unknown[0], HostVars.model_fields, n=1)
         raise ConfigError(
-            f"unknown key {unknown[0]!r} (a typo?)",
+            f"unknown key {unknown[0]!r}" + (f" - did you mean {close[0]!r}?" if close else ""),
             file=where,
-            key=unknown[0],
             fix="known keys: " + ", ".join(sorted(HostVars.model_fields)),
         )

@@ -1,0 +1,271 @@
+"""vigil's front door: Invoke tasks. Thin on purpose: parse flags, call vigil, print.
+
+Config layers (Invoke): defaults < invoke.yaml < ~/.invoke.yaml < INVOKE_VIGIL_* env
+< flags. Exit codes are documented in README.md and vigil/exitcodes.py.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from invoke.collection import Collection
+from invoke.context import Context
+from invoke.exceptions import Exit
+from invoke.tasks import task
+
+import lab.tasks
+from vigil import deploy as deploy_mod
+from vigil import inventory as inventory_mod
+from vigil.errors import VigilError
+from vigil.exitcodes import ExitCode
+from vigil.remote import call
+from vigil.report import Log, results_json, summary_table, write_json
+from vigil.serving import wait_serving
+from vigil.transport import connect, privileged
+
+ROOT = Path(__file__).resolve().parent
+
+
+def _setting(c: Context, key: str) -> Path:
+    value = Path(str(c.config.vigil[key]))
+    return value if value.is_absolute() else ROOT / value
+
+
+def _inventory(c: Context) -> inventory_mod.Inventory:
+    return inventory_mod.load(_setting(c, "inventory"))
+
+
+@contextmanager
+def _errors() -> Iterator[None]:
+    """A user mistake prints one clear message and exits with its code; no traceback."""
+    try:
+        yield
+    except VigilError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise Exit(code=int(exc.exit_code)) from None
+
+
+HOSTS_HELP = "host names, group names or 'all', comma separated"
+
+
+@task(
+    help={
+        "model": "model profile (inventory/models/NAME.yml); default: the host's `model`",
+        "hosts": HOSTS_HELP,
+        "check": "show the plan and diffs, change nothing",
+        "restart": "restart even when nothing changed",
+        "stack": "runtime stack (inventory/stacks/NAME.yml); default: the host's `stack`",
+        "set": "KEY=VALUE override of a host variable or profile field (repeatable)",
+        "json": "write the per-host summary as JSON to this file",
+        "no_wait": "do not wait until the service serves",
+    },
+    iterable=["set_"],
+)
+def deploy(
+    c: Context,
+    model: str | None = None,
+    hosts: str = "all",
+    check: bool = False,
+    restart: bool = False,
+    stack: str | None = None,
+    set_: list[str] | None = None,
+    json: str | None = None,
+    no_wait: bool = False,
+) -> None:
+    """Plan, apply, restart only what changed, and wait until the service serves."""
+    with _errors():
+        inv = _inventory(c)
+        targets = deploy_mod.resolve(
+            inv, hosts, model=model, stack=stack, sets=set_ or [],
+            template_dir=_setting(c, "templates"),
+        )
+        log = Log(width=max(len(t.name) for t in targets))
+        results = deploy_mod.deploy(
+            targets, deploy_mod.Options(check=check, restart=restart, wait=not no_wait), log
+        )
+        print(summary_table(results))
+        if json:
+            write_json(json, results_json(results))
+        if any(r.status == "failed" for r in results):
+            raise Exit(code=int(ExitCode.FAILED))
+
+
+@task(
+    help={
+        "model": "model profile; default: the host's `model`",
+        "host": "one host whose variables to use",
+        "out": "directory to write the unit and env file into",
+        "stack": "runtime stack; default: the host's `stack`",
+        "set": "KEY=VALUE override (repeatable)",
+    },
+    iterable=["set_"],
+)
+def render(
+    c: Context,
+    host: str,
+    model: str | None = None,
+    out: str = "rendered",
+    stack: str | None = None,
+    set_: list[str] | None = None,
+) -> None:
+    """Write the rendered unit and env file (secrets masked) to a directory."""
+    with _errors():
+        targets = deploy_mod.resolve(
+            _inventory(c), host, model=model, stack=stack, sets=set_ or [],
+            template_dir=_setting(c, "templates"), require_secrets=False,
+        )
+        if len(targets) != 1:
+            raise VigilError(f"--host {host!r} names {len(targets)} hosts; name one")
+        t = targets[0]
+        target = Path(out)
+        target.mkdir(parents=True, exist_ok=True)
+        unit = target / Path(t.rendered.paths.unit).name
+        env = target / Path(t.rendered.paths.env).name
+        unit.write_text(t.rendered.unit_text)
+        env.write_text(t.rendered.env_masked)
+        env.chmod(0o600)
+        print(f"{unit}\n{env}  (secrets masked)")
+
+
+def _each_host(c: Context, hosts: str, work: Callable[[str, object], None]) -> None:
+    inv = _inventory(c)
+    names = inv.select(hosts)
+    threads = [threading.Thread(target=work, args=(n, inv.host_vars(n))) for n in names]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+
+
+@task(help={"hosts": HOSTS_HELP})
+def status(c: Context, hosts: str = "all") -> None:
+    """Unit state, main PID, uptime, model, port and /health of each host."""
+    rows: dict[str, str] = {}
+    failed = []
+
+    def work(name: str, hv: object) -> None:
+        from vigil.config import HostVars
+
+        assert isinstance(hv, HostVars)
+        try:
+            transport = connect(name, hv)
+            try:
+                reply = call(transport, hv, "status", {
+                    "unit": hv.service, "port": hv.port,
+                    "unit_path": f"{hv.unit_dir}/{hv.service}.service",
+                })
+            finally:
+                transport.close()
+        except VigilError as exc:
+            rows[name] = f"unreachable  {str(exc).splitlines()[0]}"
+            failed.append(name)
+            return
+        svc = reply["service"]
+        words = shlex.split(reply["exec_start"]) if reply["exec_start"] else []
+        model = next((w.split("=", 1)[1] for w in words if w.startswith("--model=")), "-")
+        port = next((w.split("=", 1)[1] for w in words if w.startswith("--port=")), "-")
+        up = reply.get("uptime_s")
+        uptime = f"{int(up // 3600)}h{int(up % 3600 // 60):02d}m{int(up % 60):02d}s" if up else "-"
+        rows[name] = (
+            f"{svc.get('ActiveState', '?')}/{svc.get('SubState', '?'):<9} "
+            f"pid {svc.get('MainPID', '-'):<7} up {uptime:<10} port {port:<5} "
+            f"health {reply.get('health') or '-':<4} model {model}"
+        )
+
+    with _errors():
+        _each_host(c, hosts, work)
+    width = max(len(n) for n in rows)
+    for name in sorted(rows):
+        print(f"{name:<{width}}  {rows[name]}")
+    if failed:
+        raise Exit(code=int(ExitCode.FAILED))
+
+
+@task(help={"hosts": HOSTS_HELP, "follow": "keep printing new lines", "lines": "how many"})
+def logs(c: Context, hosts: str = "all", follow: bool = False, lines: int = 100) -> None:
+    """The service's journal on each host."""
+    log = Log()
+
+    def work(name: str, hv: object) -> None:
+        from vigil.config import HostVars
+
+        assert isinstance(hv, HostVars)
+        command = privileged(
+            f"journalctl -u {shlex.quote(hv.service)} -n {int(lines)} --no-pager -o short-iso"
+            + (" -f" if follow else ""), hv,
+        )
+        try:
+            transport = connect(name, hv)
+            try:
+                if follow:
+                    held = transport.hold(command, ready=lambda _: True)
+                    while (line := held.readline(timeout=3600)) != "":
+                        if line:
+                            log(name, line.rstrip("\n"))
+                else:
+                    log(name, transport.run(command, timeout=60).stdout.rstrip("\n"))
+            finally:
+                transport.close()
+        except VigilError as exc:
+            log(name, f"error: {exc}")
+
+    with _errors():
+        _each_host(c, hosts, work)
+
+
+@task(help={"hosts": HOSTS_HELP, "no_wait": "do not wait until the service serves"})
+def rollback(c: Context, hosts: str = "all", no_wait: bool = False) -> None:
+    """Put the previous unit, env file and environment back, restart, wait until serving."""
+    log = Log()
+    failed = []
+
+    def work(name: str, hv: object) -> None:
+        from vigil.config import HostVars
+        from vigil.render import STATE_ROOT
+
+        assert isinstance(hv, HostVars)
+        try:
+            transport = connect(name, hv)
+            try:
+                unit_path = f"{hv.unit_dir}/{hv.service}.service"
+                reply = call(transport, hv, "rollback", {
+                    "unit": hv.service,
+                    "paths": {
+                        "unit": unit_path,
+                        "env": f"{hv.config_dir}/{hv.service}.env",
+                        "current": f"{hv.env_root}/current",
+                        "backup_dir": f"{STATE_ROOT}/backup/{hv.service}",
+                    },
+                }, timeout=600)
+                if not reply["ok"]:
+                    raise VigilError(f"{name}: rollback failed: {reply['error']}")
+                log(name, f"restored {', '.join(reply['restored'])}; restarted")
+                if not no_wait:
+                    st = call(transport, hv, "status", {
+                        "unit": hv.service, "port": hv.port, "unit_path": unit_path})
+                    words = shlex.split(st["exec_start"])
+                    served = next((w.split("=", 1)[1] for w in words
+                                   if w.startswith("--served-model-name=")), None) or next(
+                        (w.split("=", 1)[1] for w in words if w.startswith("--model=")), "")
+                    res = wait_serving(transport, hv, served, lambda m: log(name, m))
+                    log(name, f"serving again, pid {res['main_pid']}")
+            finally:
+                transport.close()
+        except VigilError as exc:
+            log(name, f"FAILED: {exc}")
+            failed.append(name)
+
+    with _errors():
+        _each_host(c, hosts, work)
+    if failed:
+        raise Exit(code=int(ExitCode.FAILED))
+
+
+ns = Collection(deploy, render, status, logs, rollback)
+ns.add_collection(lab.tasks.ns)
+ns.configure({"vigil": {"inventory": "inventory", "templates": "templates", "state_dir": "state"}})

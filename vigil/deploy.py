@@ -1,0 +1,213 @@
+"""Deploy: resolve every host first, then facts -> plan -> apply -> wait, per host.
+
+All input is read, validated and rendered for every selected host before the first
+connection, so a bad file, an unknown profile or a template error changes no host.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vigil.config import HostVars, ModelProfile, Stack
+from vigil.errors import ConfigError, HostError, PermissionDeniedError, VigilError
+from vigil.facts import HostFacts, parse_facts
+from vigil.inventory import Inventory
+from vigil.plan import Plan, check_fits, check_host, make_plan
+from vigil.remote import call
+from vigil.render import TEMPLATES, Rendered, paths_for, render
+from vigil.report import HostResult, Log
+from vigil.serving import served_name, wait_serving
+from vigil.transport import Transport, connect, host_lock
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    vars: HostVars
+    profile: ModelProfile
+    stack: Stack
+    rendered: Rendered
+
+
+def parse_sets(items: list[str] | tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``--set key=value`` flags, split into host variables and profile overrides."""
+    host: dict[str, Any] = {}
+    profile: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(
+                f"--set {item!r} is not key=value", fix="e.g. --set max_model_len=8192"
+            )
+        value = yaml.safe_load(raw) if raw else ""
+        if key in HostVars.model_fields:
+            host[key] = value
+        elif key in ModelProfile.model_fields and key != "name":
+            profile[key] = value
+        else:
+            raise ConfigError(
+                f"--set {key}: not a host variable or model profile field",
+                fix="see inventory/group_vars/all.yml and inventory/models/*.yml for the keys",
+            )
+    return host, profile
+
+
+def resolve(
+    inv: Inventory,
+    pattern: str,
+    *,
+    model: str | None = None,
+    stack: str | None = None,
+    sets: list[str] | tuple[str, ...] = (),
+    operator_env: Mapping[str, str] | None = None,
+    template_dir: Path = TEMPLATES,
+    require_secrets: bool = True,
+) -> list[Target]:
+    host_flags, profile_flags = parse_sets(sets)
+    env = os.environ if operator_env is None else operator_env
+    targets = []
+    for name in inv.select(pattern):
+        hv = inv.host_vars(name, host_flags)
+        profile_name = model or hv.model
+        if not profile_name:
+            raise ConfigError(
+                f"no model for host {name}",
+                fix=f"pass --model (one of: {', '.join(inv.names('models'))}) "
+                "or set model: in the inventory",
+            )
+        profile = inv.profile(profile_name, {**hv.overrides, **profile_flags})
+        stack_name = stack or hv.stack or profile.stack
+        if not stack_name:
+            raise ConfigError(
+                f"no stack for host {name}",
+                fix=f"pass --stack (one of: {', '.join(inv.names('stacks'))}) or set stack:",
+            )
+        st = inv.stack(stack_name)
+        check_fits(name, hv, profile)
+        rendered = render(name, hv, profile, st, env, template_dir,
+                          require_secrets=require_secrets)
+        targets.append(Target(name, hv, profile, st, rendered))
+    return targets
+
+
+def agent_request(t: Target) -> dict[str, Any]:
+    p = t.rendered.paths
+    return {
+        "unit": t.vars.service,
+        "port": t.vars.port,
+        "service_user": t.vars.service_user,
+        "model": t.profile.model,
+        "paths": {
+            "unit": p.unit, "env": p.env, "env_dir": p.env_dir, "current": p.current,
+            "backup_dir": p.backup_dir,
+        },
+    }
+
+
+def gather(transport: Transport, t: Target) -> HostFacts:
+    reply = call(transport, t.vars, "facts", agent_request(t), timeout=120)
+    import json
+
+    return parse_facts(t.name, json.dumps(reply))
+
+
+def lock_owner() -> str:
+    since = time.strftime("%H:%M:%S")
+    return f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()} since {since}"
+
+
+@dataclass(frozen=True)
+class Options:
+    check: bool = False
+    restart: bool = False
+    wait: bool = True
+
+
+def apply_plan(transport: Transport, t: Target, plan: Plan, say: Callable[[str], None]) -> None:
+    if not plan.actions:
+        return
+    installs = [a for a in plan.actions if a.kind == "install_env"]
+    if installs:
+        say(f"installing {t.stack.name} into {t.rendered.paths.env_dir} (minutes)")
+    request = {**agent_request(t), "actions": [a.wire() for a in plan.actions]}
+    reply = call(transport, t.vars, "apply", request, timeout=3600)
+    for res in reply["results"]:
+        if not res["ok"]:
+            detail = res.get("error") or "failed"
+            if res.get("tail"):
+                detail += "\n" + res["tail"]
+            if res.get("permission"):
+                raise PermissionDeniedError(t.name, f"{res['kind']}: {detail}",
+                                            fix="deploy as root, or set sudo: true")
+            raise HostError(t.name, f"{res['kind']} failed: {detail}",
+                            fix=f"see {res['log']} on the host" if res.get("log") else None)
+
+
+def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
+    started = time.monotonic()
+    result = HostResult(t.name, "failed")
+
+    def say(message: str) -> None:
+        log(t.name, message)
+
+    transport: Transport | None = None
+    try:
+        transport = connect(t.name, t.vars)
+        with host_lock(transport, t.vars, paths_for(t.vars, t.stack).lock, lock_owner(),
+                       t.vars.lock_timeout_s, say):
+            facts = gather(transport, t)
+            check_host(t.name, t.profile, t.rendered, facts)
+            plan = make_plan(t.name, t.stack, t.rendered, facts, force_restart=opts.restart)
+            result.actions = plan.describe() if plan.actions else []
+            for line in plan.describe():
+                say(("would " if opts.check and plan.actions else "") + line)
+            if opts.check:
+                for action in plan.actions:
+                    if action.diff:
+                        log.block(action.diff)
+                result.status = "changed" if plan.changes else "ok"
+                result.main_pid = facts.service.main_pid or None
+                return result
+            apply_plan(transport, t, plan, say)
+            result.restarted = plan.restarts
+            need_wait = plan.restarts or facts.health_status != 200
+            if opts.wait and need_wait:
+                say("waiting until it serves (health + one completion)")
+                api_key = t.rendered.env.get("VLLM_API_KEY")
+                serving = wait_serving(
+                    transport, t.vars, served_name(t.profile), say, api_key=api_key
+                )
+                result.serving = serving
+                result.main_pid = serving["main_pid"]
+                say(f"serving: {serving['completion_tokens']} tokens in "
+                    f"{serving['completion_seconds']} s, ready after {serving['seconds']} s")
+            else:
+                result.main_pid = facts.service.main_pid or None
+            result.status = "changed" if plan.changes else "ok"
+    except VigilError as exc:
+        result.error = str(exc)
+        say(f"FAILED: {exc}")
+    finally:
+        if transport is not None:
+            result.round_trips = transport.round_trips
+            transport.close()
+        result.seconds = round(time.monotonic() - started, 2)
+    return result
+
+
+def deploy(targets: list[Target], opts: Options, log: Log) -> list[HostResult]:
+    if len(targets) == 1:
+        return [deploy_host(targets[0], opts, log)]
+    with ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:
+        return list(pool.map(lambda t: deploy_host(t, opts, log), targets))

@@ -1,0 +1,258 @@
+"""Desired state + facts -> the actions that make a host match, each with a reason (pure).
+
+Like a pyinfra operation, a plan yields nothing when the host already matches; like an
+Ansible handler, the service restarts only when something it depends on changed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import shlex
+from dataclasses import dataclass, field
+from typing import Any
+
+from vigil.config import HostVars, ModelProfile, Stack
+from vigil.errors import PermissionDeniedError, RefusedError
+from vigil.facts import HostFacts
+from vigil.render import Rendered, mask_env_text
+
+MIN_FREE_FOR_INSTALL = 10 * 2**30
+
+
+@dataclass(frozen=True)
+class Action:
+    kind: str  # install_env | backup | switch_env | write_env | write_unit | systemctl | restart
+    reason: str
+    payload: dict[str, Any] = field(default_factory=dict)
+    diff: str = ""  # unified diff, secrets masked
+
+    def wire(self) -> dict[str, Any]:
+        return {"kind": self.kind, **self.payload}
+
+
+@dataclass(frozen=True)
+class Plan:
+    host: str
+    actions: tuple[Action, ...]
+    restarts: bool
+
+    @property
+    def changes(self) -> bool:
+        return bool(self.actions)
+
+    def describe(self) -> list[str]:
+        if not self.actions:
+            return ["nothing to do"]
+        return [f"{a.kind if a.kind != 'systemctl' else 'systemctl ' + ' '.join(a.payload['args'])}"
+                f": {a.reason}" for a in self.actions]
+
+
+def check_fits(host_name: str, host: HostVars, profile: ModelProfile) -> None:
+    """Refuse, before any connection, what the inventory already says cannot work."""
+    if profile.device == "cpu":
+        return
+    need = profile.gpus_needed
+    if host.gpu is None:
+        raise RefusedError(
+            f"{host_name}: profile {profile.name} needs {need} GPUs but the inventory "
+            "declares no gpu for this host",
+            fix="add gpu: {kind, count, memory_gib} to the host or its group",
+        )
+    if need > host.gpu.count:
+        raise RefusedError(
+            f"{host_name}: profile {profile.name} needs tensor_parallel_size "
+            f"{profile.tensor_parallel_size} x pipeline_parallel_size "
+            f"{profile.pipeline_parallel_size} x data_parallel_size "
+            f"{profile.data_parallel_size} = {need} GPUs; the host has {host.gpu.count}",
+            fix="lower the parallel sizes (with --set or host overrides) or pick a bigger host",
+        )
+    if profile.weights_gib_per_gpu >= host.gpu.memory_gib * profile.gpu_memory_utilization:
+        raise RefusedError(
+            f"{host_name}: {profile.weights_gib_per_gpu:g} GiB of weights per GPU do not fit "
+            f"in {profile.gpu_memory_utilization:g} x {host.gpu.memory_gib:g} GiB",
+            fix="raise tensor_parallel_size or pick a host with more GPU memory",
+        )
+
+
+def check_host(host_name: str, profile: ModelProfile, r: Rendered, facts: HostFacts) -> None:
+    """Refuse, with the evidence, what the host's facts make impossible."""
+    for what, ok in facts.writable.items():
+        if not ok:
+            path = {"unit": r.paths.unit, "env": r.paths.env, "envs": r.paths.env_dir,
+                    "state": r.paths.backup_dir}[what]
+            raise PermissionDeniedError(
+                host_name, f"user uid {facts.uid} may not write {path}",
+                fix="deploy as root, or set sudo: true for a user with passwordless sudo",
+            )
+    if facts.env_unreadable:
+        raise PermissionDeniedError(host_name, f"cannot read {r.paths.env}",
+                                    fix="deploy as root or with sudo: true")
+    if not facts.service_user_exists:
+        user = shlex.quote(r.unit_text.split("User=", 1)[1].split("\n", 1)[0])
+        raise RefusedError(
+            f"{host_name}: service user {user} does not exist",
+            fix=f"create it on the host: useradd --system --shell /usr/sbin/nologin {user}",
+        )
+    if facts.model_exists is False:
+        raise RefusedError(
+            f"{host_name}: model directory {profile.model} does not exist",
+            fix="copy the weights there first, or fix `model:` in the profile",
+        )
+    config = facts.model_config or {}
+    limit = config.get("max_position_embeddings")
+    if isinstance(limit, int) and profile.max_model_len > limit:
+        raise RefusedError(
+            f"{host_name}: max_model_len {profile.max_model_len} is above the model's "
+            f"max_position_embeddings {limit} ({profile.model}/config.json)",
+            fix=f"set max_model_len to {limit} or less",
+        )
+    heads = config.get("num_attention_heads")
+    if isinstance(heads, int) and heads % profile.tensor_parallel_size:
+        raise RefusedError(
+            f"{host_name}: tensor_parallel_size {profile.tensor_parallel_size} does not "
+            f"divide the model's {heads} attention heads ({profile.model}/config.json)",
+            fix="use a tensor_parallel_size that divides the head count",
+        )
+
+
+def _unit_keys(text: str | None) -> dict[str, list[str]]:
+    keys: dict[str, list[str]] = {}
+    for line in (text or "").splitlines():
+        if line and not line.startswith(("#", ";", "[")) and "=" in line:
+            key, _, value = line.partition("=")
+            keys.setdefault(key, []).append(value)
+    return keys
+
+
+def unit_change_reason(old: str | None, new: str) -> str:
+    if old is None:
+        return "new unit"
+    before, after = _unit_keys(old), _unit_keys(new)
+    changed = [k for k in sorted(set(before) | set(after)) if before.get(k) != after.get(k)]
+    if not changed:
+        return "comments changed"
+    parts = []
+    for key in changed:
+        if key == "ExecStart" and key in before and key in after:
+            a = set(shlex.split(before[key][0]))
+            b = set(shlex.split(after[key][0]))
+            removed = " ".join(sorted(a - b))
+            added = " ".join(sorted(b - a))
+            parts.append(f"ExecStart changed ({removed or '-'} -> {added or '-'})")
+        else:
+            parts.append(f"{key} changed")
+    return ", ".join(parts)
+
+
+def _env_names(text: str | None) -> dict[str, str]:
+    out = {}
+    for line in (text or "").splitlines():
+        name, sep, value = line.partition("=")
+        if sep and not line.startswith("#"):
+            out[name] = value
+    return out
+
+
+def env_change_reason(old: str | None, new: str, secrets: frozenset[str]) -> str:
+    if old is None:
+        return "new environment file"
+    before, after = _env_names(old), _env_names(new)
+    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    if not changed:
+        return "comments changed"
+    shown = [f"{k} (secret)" if k in secrets else k for k in changed]
+    return "changed: " + ", ".join(shown)
+
+
+def unified(path: str, old: str | None, new: str) -> str:
+    lines = difflib.unified_diff(
+        (old or "").splitlines(keepends=True), new.splitlines(keepends=True),
+        fromfile=f"{path} (host)" if old is not None else "/dev/null",
+        tofile=f"{path} (desired)",
+    )
+    return "".join(lines)
+
+
+def runtime_differences(stack: Stack, facts: HostFacts) -> list[str]:
+    if not facts.env_complete or facts.packages is None:
+        return ["environment not installed" + (f" ({facts.env_error})" if facts.env_error else "")]
+    diffs = []
+    for name, version in stack.packages.items():
+        have = facts.packages.get(name.lower().replace("_", "-"))
+        if have != version:
+            diffs.append(f"{name} {have or 'missing'} != {version}")
+    for name in stack.remove:
+        if name.lower() in facts.packages:
+            diffs.append(f"{name} {facts.packages[name.lower()]} installed, must be removed")
+    return diffs
+
+
+def make_plan(
+    host_name: str,
+    stack: Stack,
+    r: Rendered,
+    facts: HostFacts,
+    *,
+    force_restart: bool = False,
+) -> Plan:
+    actions: list[Action] = []
+    runtime = runtime_differences(stack, facts)
+    if runtime:
+        if facts.disk_free_bytes < MIN_FREE_FOR_INSTALL:
+            raise RefusedError(
+                f"{host_name}: {facts.disk_free_bytes / 2**30:.1f} GiB free under "
+                f"{r.paths.env_dir}; an environment needs {MIN_FREE_FOR_INSTALL // 2**30} GiB",
+                fix="free disk space on the host",
+            )
+        actions.append(Action("install_env", "; ".join(runtime), {
+            "env_dir": r.paths.env_dir,
+            "python": stack.python,
+            "requirements": [f"{n}=={v}" for n, v in stack.packages.items()],
+            "remove": stack.remove,
+            "find_links": stack.find_links,
+            "index_url": stack.index_url,
+            "extra_index_urls": stack.extra_index_urls,
+            "import_check": "import vllm",
+        }))
+    switch = facts.current_env != r.paths.env_dir
+    unit_changed = facts.unit_text != r.unit_text
+    env_changed = facts.env_text != r.env_text
+    writes: list[Action] = []
+    if switch:
+        writes.append(Action(
+            "switch_env", f"environment link {facts.current_env or '(none)'} -> {r.paths.env_dir}"
+        ))
+    if env_changed:
+        writes.append(Action(
+            "write_env", env_change_reason(facts.env_text, r.env_text, r.secret_names),
+            {"content": r.env_text, "mode": "600"},
+            unified(r.paths.env, None if facts.env_text is None else
+                    mask_env_text(facts.env_text, r.secret_names), r.env_masked),
+        ))
+    if unit_changed:
+        writes.append(Action(
+            "write_unit", unit_change_reason(facts.unit_text, r.unit_text),
+            {"content": r.unit_text, "mode": "644"}, unified(r.paths.unit, facts.unit_text,
+                                                             r.unit_text),
+        ))
+    existed = facts.unit_text is not None or facts.env_text is not None or facts.current_env
+    if writes and existed:
+        actions.append(Action("backup", "keep the running release for rollback"))
+    actions += writes
+    unit = r.paths.unit.rsplit("/", 1)[1]
+    if unit_changed:
+        actions.append(Action("systemctl", "unit file changed", {"args": ["daemon-reload"]}))
+    if facts.service.unit_file_state != "enabled":
+        actions.append(Action("systemctl", "start at boot", {"args": ["enable", unit]}))
+    changed = [what for what, flag in (("runtime", bool(runtime) or switch),
+                                       ("unit", unit_changed), ("env", env_changed)) if flag]
+    restarts = False
+    if changed or force_restart:
+        reason = f"{', '.join(changed)} changed" if changed else "--restart"
+        restarts = True
+    elif not facts.service.running:
+        reason = f"service is {facts.service.active_state or 'not loaded'}"
+        restarts = True
+    if restarts:
+        actions.append(Action("restart", reason, {"unit": unit}))
+    return Plan(host_name, tuple(actions), restarts)

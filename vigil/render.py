@@ -1,0 +1,233 @@
+"""Render the desired unit and environment file of one host: pure, no I/O but templates.
+
+Values from YAML never reach a shell and cannot add options: ExecStart is built as an
+argv list, every option is written as one ``--flag=value`` word (so a value that starts
+with ``--`` stays a value), and each word is quoted for systemd's own parser.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from vigil.config import HostVars, ModelProfile, Stack
+from vigil.errors import ConfigError, TemplateError
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+STATE_ROOT = "/var/lib/vigil"  # vigil's own state on a host: backups, locks, history
+CACHE_ROOT = "/var/cache/vigil"  # per-service compile caches (systemd CacheDirectory=)
+BANNER = "Managed by vigil - edits here are replaced by the next deploy."
+API_SERVER = "vllm.entrypoints.openai.api_server"
+
+# Names whose values are never printed: plans, diffs and logs show *** instead.
+_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY)$", re.I)
+MASK = "***"
+
+
+def systemd_quote(word: str) -> str:
+    """Quote one ExecStart word: systemd expands %-specifiers and $VARS, so escape both."""
+    escaped = (
+        word.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%").replace("$", "$$")
+    )
+    return f'"{escaped}"'
+
+
+def env_quote(value: str) -> str:
+    """Quote a value for an EnvironmentFile (no expansion of $ or backslashes)."""
+    if "'" not in value:
+        return f"'{value}'"
+    escaped = "".join("\\" + c if c in '\\"$`' else c for c in value)
+    return f'"{escaped}"'
+
+
+def is_secret(name: str, declared: frozenset[str] = frozenset()) -> bool:
+    return name in declared or bool(_SECRET_NAME.search(name))
+
+
+def stack_hash(stack: Stack) -> str:
+    """Content hash of a stack: a new hash means a new environment directory."""
+    canon = json.dumps(stack.model_dump(exclude={"description"}), sort_keys=True)
+    return hashlib.sha256(canon.encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Paths:
+    unit: str
+    env: str
+    env_dir: str  # the versioned environment this stack installs into
+    current: str  # the link the unit runs through
+    python: str
+    backup_dir: str
+    state: str
+    cache: str
+    lock: str
+
+
+def paths_for(host: HostVars, stack: Stack) -> Paths:
+    svc = host.service
+    current = f"{host.env_root}/current"
+    return Paths(
+        unit=f"{host.unit_dir}/{svc}.service",
+        env=f"{host.config_dir}/{svc}.env",
+        env_dir=f"{host.env_root}/{stack.name}-{stack_hash(stack)}",
+        current=current,
+        python=f"{current}/bin/python",
+        backup_dir=f"{STATE_ROOT}/backup/{svc}",
+        state=f"{STATE_ROOT}/{svc}",
+        cache=f"{CACHE_ROOT}/{svc}",
+        lock=f"{STATE_ROOT}/{svc}.lock",
+    )
+
+
+def vllm_argv(python: str, host: HostVars, profile: ModelProfile) -> list[str]:
+    """The server's argv; every option is a single ``--name=value`` word."""
+    args = [python, "-m", API_SERVER, f"--model={profile.model}"]
+    if profile.served_model_name:
+        args.append(f"--served-model-name={profile.served_model_name}")
+    args += [
+        f"--host={host.bind}",
+        f"--port={host.port}",
+        f"--tensor-parallel-size={profile.tensor_parallel_size}",
+        f"--pipeline-parallel-size={profile.pipeline_parallel_size}",
+    ]
+    if profile.data_parallel_size > 1:
+        args.append(f"--data-parallel-size={profile.data_parallel_size}")
+    args += [
+        f"--max-model-len={profile.max_model_len}",
+        f"--gpu-memory-utilization={profile.gpu_memory_utilization}",
+    ]
+    if profile.dtype != "auto":
+        args.append(f"--dtype={profile.dtype}")
+    if profile.quantization:
+        args.append(f"--quantization={profile.quantization}")
+    if profile.kv_cache_dtype != "auto":
+        args.append(f"--kv-cache-dtype={profile.kv_cache_dtype}")
+    if profile.max_num_seqs:
+        args.append(f"--max-num-seqs={profile.max_num_seqs}")
+    if profile.enforce_eager:
+        args.append("--enforce-eager")
+    if profile.trust_remote_code:
+        args.append("--trust-remote-code")
+    args += ["--disable-access-log-for-endpoints=/health,/metrics"]
+    args += profile.extra_args
+    return args
+
+
+@dataclass(frozen=True)
+class Rendered:
+    host: str
+    paths: Paths
+    argv: tuple[str, ...]
+    unit_text: str
+    env: Mapping[str, str]
+    env_text: str
+    env_masked: str  # what plans, diffs and logs may show
+    secret_names: frozenset[str]
+
+
+def _environment(template_dir: Path) -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(template_dir)),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["envquote"] = env_quote
+    # systemd expands %-specifiers in most unit settings, Description= included
+    env.filters["unitesc"] = lambda text: str(text).replace("%", "%%")
+    return env
+
+
+def _render(jenv: jinja2.Environment, name: str, context: Mapping[str, object]) -> str:
+    where = str(Path(jenv.loader.searchpath[0]) / name)  # type: ignore[union-attr]
+    try:
+        return jenv.get_template(name).render(**context)
+    except jinja2.TemplateNotFound:
+        raise TemplateError("template not found", file=where,
+                            fix="restore it from the repository") from None
+    except jinja2.TemplateSyntaxError as exc:
+        raise TemplateError(f"line {exc.lineno}: {exc.message}", file=where) from None
+    except jinja2.UndefinedError as exc:
+        raise TemplateError(
+            str(exc), file=where, fix="use only variables vigil passes (see vigil/render.py)"
+        ) from None
+
+
+def mask_env_text(text: str, secrets: frozenset[str]) -> str:
+    """Mask secret values in an env file as found on a host (any quoting)."""
+    out = []
+    for line in text.splitlines(keepends=True):
+        name, sep, _ = line.partition("=")
+        if sep and not line.lstrip().startswith("#") and is_secret(name.strip(), secrets):
+            line = f"{name}={MASK}\n"
+        out.append(line)
+    return "".join(out)
+
+
+def render(
+    host_name: str,
+    host: HostVars,
+    profile: ModelProfile,
+    stack: Stack,
+    operator_env: Mapping[str, str],
+    template_dir: Path = TEMPLATES,
+    *,
+    require_secrets: bool = True,
+) -> Rendered:
+    """Render one host's files. ``require_secrets=False`` (render for review) writes
+    missing secrets as empty values; they are masked in every shown form anyway."""
+    paths = paths_for(host, stack)
+    env: dict[str, str] = {**profile.env, **host.env}
+    missing = [n for n in host.secret_env if n not in operator_env]
+    if missing and require_secrets:
+        raise ConfigError(
+            f"secret_env of host {host_name} needs {', '.join(missing)}, "
+            "not set in your environment",
+            key="secret_env",
+            fix=f"export {missing[0]}=... before running, or remove it from secret_env",
+        )
+    for name in host.secret_env:
+        env[name] = operator_env.get(name, "")
+    for name, value in env.items():
+        if not re.match(r"^[^\x00-\x1f\x7f]*$", value):
+            raise ConfigError(f"value of {name} contains a control character", key=name)
+    secrets = frozenset(n for n in env if is_secret(n, frozenset(host.secret_env)))
+    argv = vllm_argv(paths.python, host, profile)
+    jenv = _environment(template_dir)
+    context: dict[str, object] = {
+        "managed_banner": BANNER,
+        "host": host,
+        "profile": profile,
+        "unit_name": host.service,
+        "env_path": paths.env,
+        "state_path": paths.state,
+        "cache_path": paths.cache,
+        "state_dir_rel": paths.state.removeprefix("/var/lib/"),
+        "cache_dir_rel": paths.cache.removeprefix("/var/cache/"),
+        "exec_start": " ".join(systemd_quote(a) for a in argv),
+        "start_limit_interval_s": 1800,
+        "start_limit_burst": 3,
+        "restart_sec": 30,
+        "timeout_start_s": int(host.serve_timeout_s),
+        "timeout_stop_s": 90,
+    }
+    unit_text = _render(jenv, "vllm.service.j2", context)
+    env_text = _render(jenv, "vllm.env.j2", {**context, "env": env})
+    masked_env = {n: (MASK if n in secrets else v) for n, v in env.items()}
+    env_masked = _render(jenv, "vllm.env.j2", {**context, "env": masked_env})
+    return Rendered(
+        host=host_name,
+        paths=paths,
+        argv=tuple(argv),
+        unit_text=unit_text,
+        env=env,
+        env_text=env_text,
+        env_masked=env_masked,
+        secret_names=secrets,
+    )
