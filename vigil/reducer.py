@@ -108,6 +108,7 @@ class WatchState:
     main_pid: int | None = None
     unit_was_up: bool = False
     startup_complete: bool = False  # "Application startup complete." seen
+    startup_complete_at: float | None = None
     health_ok: bool = False
     shards: tuple[int, int] | None = None
     extended: frozenset[str] = frozenset()
@@ -334,6 +335,7 @@ def step(
     fatal = list(st.fatal)
     shards = st.shards
     startup_complete = st.startup_complete
+    startup_complete_at = st.startup_complete_at
     last_line = st.last_line
     phase_changed = False
     for entry in snap.journal.lines:
@@ -368,8 +370,9 @@ def step(
             if shards is None or (done, total) != shards:
                 shard_moved = True
             shards = (done, total)
-        if m.marker == "app_startup_complete":
+        if m.marker == "app_startup_complete" and not startup_complete:
             startup_complete = True
+            startup_complete_at = t
 
     base = _baseline(snap)
     ev = _diff(st.prev, base) if st.prev is not None else Evidence()
@@ -387,7 +390,8 @@ def step(
     last_progress_at = now if why else st.last_progress_at
     st = replace(
         st, spans=tuple(spans), fatal=tuple(fatal), shards=shards,
-        startup_complete=startup_complete, last_line=last_line, evidence=ev,
+        startup_complete=startup_complete, startup_complete_at=startup_complete_at,
+        last_line=last_line, evidence=ev,
         prev=base, phase_base=base if (phase_changed or st.phase_base is None) else st.phase_base,
         last_progress_at=last_progress_at, last_progress=", ".join(why) or st.last_progress,
         quiet_s=quiet,
@@ -495,6 +499,18 @@ def _refine_cause(state: WatchState, snap: Snapshot) -> WatchState:
             return replace(state, cause=m.cause, proof=entry.text.strip(),
                            remedy=m.remedy or "")
     return state
+
+
+def ready_from_log(state: WatchState, budgets: Budgets) -> WatchState:
+    """Replay of a plain log only: `Application startup complete.` and no fatal error
+    stand in for /health 200 + a completion (a log cannot show either; the smoke is
+    unknown, not failed). Never used on live snapshots."""
+    if state.verdict in TERMINAL or not state.startup_complete or state.fatal:
+        return state
+    proof = "Application startup complete. (from the log only: /health and a completion " \
+        "were not observed)"
+    at = state.startup_complete_at or state.now or 0.0
+    return _finish(state, "ready", None, proof, None, at, budgets)
 
 
 def phase_durations(state: WatchState) -> dict[str, float]:
