@@ -1,0 +1,139 @@
+"""The pure plan: nothing to do when the host matches; restart only on real change."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vigil import inventory
+from vigil.deploy import Target, resolve
+from vigil.errors import PermissionDeniedError, RefusedError
+from vigil.facts import HostFacts, parse_facts
+from vigil.plan import check_host, make_plan
+
+REPO_INV = Path(__file__).resolve().parent.parent / "inventory"
+ENV = {"HF_TOKEN": "hf_old"}
+
+
+def target(*sets: str, env: dict[str, str] = ENV) -> Target:
+    inv = inventory.load(REPO_INV)
+    (t,) = resolve(inv, "llm-one", model="glm-5", sets=list(sets), operator_env=env)
+    return t
+
+
+def facts_for(t: Target, **changes: Any) -> HostFacts:
+    """Facts of a host that already runs exactly `t`, then `changes` applied."""
+    data: dict[str, Any] = {
+        "uid": 0,
+        "files": {"unit": t.rendered.unit_text, "env": t.rendered.env_text},
+        "writable": {"unit": True, "env": True, "envs": True, "state": True},
+        "current": t.rendered.paths.env_dir,
+        "env_complete": True,
+        "packages": {n: v for n, v in t.stack.packages.items()},
+        "env_error": None,
+        "service": {"ActiveState": "active", "SubState": "running", "MainPID": "4242",
+                    "NRestarts": "0", "UnitFileState": "enabled", "LoadState": "loaded"},
+        "health": {"status": 200},
+        "service_user_exists": True,
+        "model": {"kind": "path", "exists": True,
+                  "config": {"max_position_embeddings": 202752, "num_attention_heads": 64}},
+        "disk_free_bytes": 500 * 2**30,
+        "backup": True,
+    }
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return parse_facts("llm-one", json.dumps(data))
+
+
+def kinds(t: Target, f: HostFacts, **kw: Any) -> list[str]:
+    return [a.kind for a in make_plan("llm-one", t.stack, t.rendered, f, **kw).actions]
+
+
+def test_matching_host_has_nothing_to_do() -> None:
+    t = target()
+    plan = make_plan("llm-one", t.stack, t.rendered, facts_for(t))
+    assert plan.actions == () and not plan.restarts
+    assert plan.describe() == ["nothing to do"]
+
+
+def test_force_restart_restarts_only() -> None:
+    t = target()
+    assert kinds(t, facts_for(t), force_restart=True) == ["restart"]
+
+
+def test_changed_max_model_len_rewrites_unit_and_restarts() -> None:
+    old = target()
+    new = target("max_model_len=100000")
+    plan = make_plan("llm-one", new.stack, new.rendered, facts_for(old))
+    assert [a.kind for a in plan.actions] == [
+        "backup", "write_unit", "systemctl", "restart"]
+    reason = plan.actions[1].reason
+    assert "--max-model-len=200000 -> --max-model-len=100000" in reason
+    assert plan.actions[2].payload["args"] == ["daemon-reload"]
+    assert "-  \"--max-model-len=200000\"" not in plan.actions[1].diff  # a real unified diff
+    assert "+ExecStart=" in plan.actions[1].diff and "-ExecStart=" in plan.actions[1].diff
+
+
+def test_env_only_change_restarts_without_daemon_reload_and_masks_secret() -> None:
+    old = target()
+    new = target(env={"HF_TOKEN": "hf_new_secret"})
+    plan = make_plan("llm-one", new.stack, new.rendered, facts_for(old))
+    assert [a.kind for a in plan.actions] == ["backup", "write_env", "restart"]
+    write = plan.actions[1]
+    assert write.reason == "changed: HF_TOKEN (secret)"
+    assert "hf_new_secret" not in write.diff and "hf_old" not in write.diff
+    assert write.payload["mode"] == "600"
+
+
+def test_first_deploy_installs_switches_writes_enables_starts() -> None:
+    t = target()
+    f = facts_for(t, files={"unit": None, "env": None}, current=None, env_complete=False,
+                  packages=None, service={"ActiveState": "inactive", "UnitFileState": "",
+                                          "MainPID": "0", "LoadState": "not-found"},
+                  health=None, backup=False)
+    assert kinds(t, f) == ["install_env", "switch_env", "write_env", "write_unit",
+                           "systemctl", "systemctl", "restart"]
+
+
+def test_drifted_package_reinstalls() -> None:
+    t = target()
+    f = facts_for(t, packages={**t.stack.packages, "flashinfer-cubin": "0.6.3"})
+    plan = make_plan("llm-one", t.stack, t.rendered, f)
+    assert plan.actions[0].kind == "install_env"
+    assert "flashinfer-cubin 0.6.3 != 0.6.4" in plan.actions[0].reason
+    assert plan.restarts
+
+
+def test_stopped_service_is_started_without_writes() -> None:
+    t = target()
+    f = facts_for(t, service={"ActiveState": "failed", "SubState": "failed"})
+    plan = make_plan("llm-one", t.stack, t.rendered, f)
+    assert [a.kind for a in plan.actions] == ["restart"]
+    assert plan.actions[0].reason == "service is failed"
+
+
+def test_refusals_carry_the_evidence() -> None:
+    t = target()
+    with pytest.raises(RefusedError, match="model directory /srv/models/glm-5-nvfp4"):
+        check_host("llm-one", t.profile, t.rendered, facts_for(t, model={"exists": False}))
+    small = facts_for(t, model={"config": {"max_position_embeddings": 131072}})
+    with pytest.raises(RefusedError, match="above the model's max_position_embeddings 131072"):
+        check_host("llm-one", t.profile, t.rendered, small)
+    with pytest.raises(RefusedError, match="service user vllm does not exist"):
+        check_host("llm-one", t.profile, t.rendered, facts_for(t, service_user_exists=False))
+    with pytest.raises(PermissionDeniedError, match="may not write /etc/systemd/system"):
+        check_host("llm-one", t.profile, t.rendered, facts_for(t, uid=1000, writable={
+            "unit": False}))
+
+
+def test_install_refused_without_disk() -> None:
+    t = target()
+    f = facts_for(t, env_complete=False, disk_free_bytes=2 * 2**30)
+    with pytest.raises(RefusedError, match="2.0 GiB free"):
+        make_plan("llm-one", t.stack, t.rendered, f)
