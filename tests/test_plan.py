@@ -135,5 +135,5 @@ def test_refusals_carry_the_evidence() -> None:
 def test_install_refused_without_disk() -> None:
     t = target()
     f = facts_for(t, env_complete=False, disk_free_bytes=2 * 2**30)
-    with pytest.raises(RefusedError, match="2.0 GiB free"):
+    with pytest.raises(RefusedError, match=r"2\.0 GiB free"):
         make_plan("llm-one", t.stack, t.rendered, f)
