@@ -400,8 +400,9 @@ def step(
     # 2. Crashed: a fatal line, the unit failing or restarting, the main PID changing,
     # /health turning 503, or the first completion failing.
     crash = _crash(st, snap, smoke)
+    st = _track_unit(st, snap)
     if crash is not None:
-        cause, proof, remedy, st = crash
+        cause, proof, remedy, _ = crash
         return _finish(st, "crashed", cause, proof, remedy, now, budgets)
 
     # 3. Ready: /health 200 and a real completion with tokens.
@@ -414,7 +415,7 @@ def step(
 
     # 4. Stalled: alive, no progress for the phase's stall window.
     elapsed, budget, clock_phase = _clock(st, now, budgets)
-    quiet_for = now - (st.last_progress_at or now)
+    quiet_for = now - (now if st.last_progress_at is None else st.last_progress_at)
     window = max(budgets.stall(phase), budgets.stall(clock_phase))
     if not log_only and base.alive and quiet_for >= window:
         label = _label(st)
@@ -438,7 +439,8 @@ def step(
 
     # 6. Slow: past the budget but progressing: extend once, warn, keep watching.
     verdict = st.verdict
-    if elapsed > budget and clock_phase not in st.extended:
+    # A phase past its budget with no recent progress is left to the stall rule.
+    if elapsed > budget and clock_phase not in st.extended and quiet_for < window / 2:
         verdict = "slow"
         st = replace(
             st, extended=st.extended | {clock_phase},
@@ -455,7 +457,6 @@ def _crash(
     unit = snap.unit
     reason: str | None = None
     if unit is not None and unit.error is None and unit.active_state:
-        up = unit.active_state in ("active", "activating", "reloading")
         restarts0 = st.restarts0 if st.restarts0 is not None else unit.n_restarts
         if unit.active_state == "failed" or unit.sub_state == "auto-restart":
             reason = f"unit {unit.active_state}/{unit.sub_state}, exit status " \
@@ -466,10 +467,6 @@ def _crash(
             reason = f"unit restarted: NRestarts {restarts0} → {unit.n_restarts}"
         elif st.main_pid and unit.main_pid and unit.main_pid != st.main_pid:
             reason = f"main PID changed {st.main_pid} → {unit.main_pid}"
-        st = replace(
-            st, restarts0=restarts0, unit_was_up=st.unit_was_up or up,
-            main_pid=unit.main_pid or st.main_pid,
-        )
     http = snap.http
     if reason is None and st.health_ok and http is not None and http.health_status == 503:
         reason = "/health turned 503: the engine died"
@@ -483,6 +480,19 @@ def _crash(
         proof = f"/health 200 but the first completion failed: {smoke.error or 'no tokens'}"
         return "engine_dead", proof, catalog.REMEDIES["engine_dead"], st
     return None
+
+
+def _track_unit(st: WatchState, snap: Snapshot) -> WatchState:
+    """Remember the first NRestarts, the main PID and whether the unit was ever up."""
+    unit = snap.unit
+    if unit is None or unit.error is not None or not unit.active_state:
+        return st
+    return replace(
+        st,
+        restarts0=st.restarts0 if st.restarts0 is not None else unit.n_restarts,
+        unit_was_up=st.unit_was_up or unit.active_state in ("active", "activating", "reloading"),
+        main_pid=unit.main_pid or st.main_pid,
+    )
 
 
 def _health(snap: Snapshot) -> bool:
@@ -509,7 +519,9 @@ def ready_from_log(state: WatchState, budgets: Budgets) -> WatchState:
         return state
     proof = "Application startup complete. (from the log only: /health and a completion " \
         "were not observed)"
-    at = state.startup_complete_at or state.now or 0.0
+    at = state.startup_complete_at
+    if at is None:
+        at = state.now or 0.0
     return _finish(state, "ready", None, proof, None, at, budgets)
 
 

@@ -1,0 +1,263 @@
+"""The reducer on synthesised incident traces (tests/synth.py) and on edge cases."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests import synth
+from vigil import reducer
+from vigil.budgets import Budgets
+from vigil.replay import load
+from vigil.snapshot import Http, Journal, LogLine, Proc, Processes, Smoke, Snapshot, Unit
+
+TRACES = Path(__file__).parent / "fixtures" / "traces"
+
+
+def fold(snaps: list[Snapshot], budgets: Budgets | None = None) -> list[reducer.WatchState]:
+    b = budgets or Budgets()
+    st = reducer.initial()
+    out = []
+    for s in snaps:
+        st = reducer.step(st, s, b)
+        out.append(st)
+    return out
+
+
+def test_fixture_traces_match_the_synthesiser() -> None:
+    # The checked-in JSONL is what tests/synth.py makes: replaying either is the same.
+    for name, make in synth.INCIDENTS.items():
+        kind, snaps = load(TRACES / f"synth-{name}.jsonl")
+        assert kind == "trace"
+        assert snaps == make(), name
+
+
+def test_kimi_14_minutes_is_never_stalled_and_ends_ready() -> None:
+    states = fold(load(TRACES / "synth-kimi-14min-ready.jsonl")[1])
+    assert all(s.verdict != "stalled" for s in states)
+    final = states[-1]
+    assert final.verdict == "ready"
+    assert 780 <= final.now - final.started_at <= 900  # ~14 min
+    names = [s.name for s in final.spans]
+    assert names == ["bootstrap", "engine_init", "distributed_init", "loading_weights",
+                     "compiling", "kv_cache", "capturing_graphs", "api_starting", "ready"]
+    assert reducer.phase_durations(final)["compiling"] == pytest.approx(640, abs=15)
+    # Mid-compile the evidence line shows why it is alive.
+    mid = next(s for s in states if s.phase == "compiling" and s.now - s.spans[-1].start > 240)
+    assert mid.summary.startswith("compiling — CPU ")
+    ratio = float(mid.summary.split("CPU ")[1].split("\u00d7")[0])
+    assert 8.5 <= ratio <= 9.5
+    assert "cache +" in mid.summary and " of 20:00" in mid.summary
+
+
+def test_kimi_with_tight_history_budgets_is_slow_then_ready_not_stalled() -> None:
+    tight = Budgets(phase_s={"compiling": 400.0, "loading_weights": 120.0})
+    states = fold(synth.kimi_14_minutes(), tight)
+    assert "slow" in {s.verdict for s in states}
+    assert states[-1].verdict == "ready"
+    assert any("compiling past its budget" in w for w in states[-1].warnings)
+
+
+def test_343s_load_then_quiet_compile_is_not_stalled() -> None:
+    states = fold(load(TRACES / "synth-load-343s-quiet-compile-ready.jsonl")[1])
+    assert all(s.verdict != "stalled" for s in states)
+    assert states[-1].verdict == "ready"
+    assert reducer.phase_durations(states[-1])["loading_weights"] == pytest.approx(340, abs=15)
+    # During the silence the reducer labels the time honestly: after loading, for compile.
+    quiet = [s for s in states if s.summary.startswith("after loading_weights")]
+    assert quiet and all(s.evidence.progress for s in quiet if s.evidence.cache_delta_files)
+
+
+@pytest.mark.parametrize(
+    ("trace", "phase", "window"),
+    [("synth-stall-716mib-distributed.jsonl", "distributed_init", 300.0),
+     ("synth-stall-716mib-compiling.jsonl", "compiling", 480.0)],
+)
+def test_716mib_frozen_log_empty_cache_busy_cpus_is_stalled_in_window(
+    trace: str, phase: str, window: float
+) -> None:
+    states = fold(load(TRACES / trace)[1])
+    final = states[-1]
+    assert final.verdict == "stalled"
+    assert final.cause == f"stalled_{phase}"
+    # Within its window (plus one poll) from the last progress.
+    last_line_at = max(ln.us / 1e6 for s in load(TRACES / trace)[1] for ln in s.journal.lines
+                       if "shared memory" not in ln.text)
+    assert final.now - last_line_at <= window + 10
+    assert final.proof is not None
+    for evidence in ("CPU 4.", "cache +0 files", "716 MiB/GPU (flat)", "no progress"):
+        assert evidence in final.proof
+    assert final.remedy
+
+
+def test_busy_cpus_with_a_growing_cache_is_a_compile_not_a_stall() -> None:
+    sim = synth.Sim(n_gpus=4, workers=4)
+    synth._boot(sim, 4)
+    sim.log("Worker_TP0", "[backbone] Starting torch.compile")
+    sim.noise_every = 60
+    sim.run(900, cpu_per_worker=1.0, cache_files_per_poll=3)
+    states = fold(sim.snaps)
+    assert all(s.verdict != "stalled" for s in states)
+
+
+def test_flashinfer_mismatch_crashes_within_one_poll_with_cause_and_fix() -> None:
+    snaps = load(TRACES / "synth-flashinfer-cubin-mismatch.jsonl")[1]
+    states = fold(snaps)
+    first_fatal = next(i for i, s in enumerate(snaps)
+                       if any("does not match" in ln.text for ln in s.journal.lines))
+    hit = states[first_fatal]
+    assert hit.verdict == "crashed"
+    assert hit.cause == "flashinfer_version_mismatch"
+    assert hit.proof is not None and "flashinfer-cubin version (0.6.3)" in hit.proof
+    assert hit.remedy is not None and "pip install flashinfer-cubin==0.6.4" in hit.remedy
+    assert states[-1] == hit  # terminal: later polls change nothing
+
+
+# -- edge cases on hand-made snapshots ----------------------------------------------
+
+def _snap(t: float, *lines: str, health: int | None = None, unit: Unit | None = None,
+          cpu: float = 0.0, state: str = "S", smoke: Smoke | None = None) -> Snapshot:
+    return Snapshot(
+        time=t,
+        unit=unit,
+        journal=Journal(lines=tuple(LogLine(us=int(t * 1e6), text=x) for x in lines)),
+        processes=Processes(source="cgroup", items=(Proc(pid=7, state=state, cpu_s=cpu),)),
+        http=Http(health_status=health),
+        smoke=smoke,
+    )
+
+
+UP = Unit(active_state="active", sub_state="running", main_pid=7, n_restarts=0)
+
+
+def test_health_200_alone_is_not_ready_and_asks_for_a_smoke() -> None:
+    st = fold([_snap(0, "Application startup complete."), _snap(10, health=200)])[-1]
+    assert st.verdict is None and st.needs_smoke
+
+
+def test_health_200_and_tokens_is_ready() -> None:
+    snaps = [_snap(0), _snap(10, health=200, smoke=Smoke(ok=True, tokens=5))]
+    assert fold(snaps)[-1].verdict == "ready"
+
+
+def test_zero_tokens_is_not_ready() -> None:
+    snaps = [_snap(0), _snap(10, health=200, smoke=Smoke(ok=True, tokens=0))]
+    assert fold(snaps)[-1].verdict is None
+
+
+def test_health_200_with_a_failed_completion_is_engine_dead() -> None:
+    failed = Smoke(ok=False, error="EngineDeadError: head size 16 not supported")
+    st = fold([_snap(0), _snap(10, health=200, smoke=failed)])[-1]
+    assert (st.verdict, st.cause) == ("crashed", "engine_dead")
+    assert st.proof is not None and "head size 16" in st.proof
+
+
+def test_smoke_as_an_argument_overrides_the_snapshot() -> None:
+    st = reducer.step(reducer.initial(), _snap(0, health=200), Budgets(),
+                      Smoke(ok=True, tokens=3))
+    assert st.verdict == "ready"
+
+
+@pytest.mark.parametrize(
+    ("after", "needle"),
+    [(Unit(active_state="failed", sub_state="failed", main_pid=0, exec_main_status=1),
+      "unit failed"),
+     (Unit(active_state="active", sub_state="running", main_pid=7, n_restarts=1),
+      "NRestarts 0 → 1"),
+     (Unit(active_state="active", sub_state="running", main_pid=99), "main PID changed"),
+     (Unit(active_state="inactive", sub_state="dead"), "unit went inactive"),
+     (Unit(active_state="activating", sub_state="auto-restart"), "auto-restart")],
+)
+def test_unit_failing_restarting_or_changing_pid_is_crashed(after: Unit, needle: str) -> None:
+    st = fold([_snap(0, unit=UP), _snap(10, unit=after)])[-1]
+    assert (st.verdict, st.cause) == ("crashed", "unknown")
+    assert st.proof is not None and needle in st.proof
+
+
+def test_generic_chain_line_is_refined_by_a_later_root_cause() -> None:
+    snaps = [_snap(0, unit=UP), _snap(10, "(EngineCore_DP0 pid=8) ERROR 11-29 10:00:10 "
+                                        "[core.py:1] EngineCore failed to start.", unit=UP),
+             _snap(20, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB")]
+    states = fold(snaps)
+    assert (states[1].verdict, states[1].cause) == ("crashed", "unknown")
+    assert states[2].cause == "out_of_memory"
+
+
+def test_root_cause_wins_over_chain_lines_in_the_same_poll() -> None:
+    st = fold([_snap(0, "ValueError: User-specified max_model_len (4096) is greater than "
+                        "the derived max_model_len (max_position_embeddings=1024)",
+                     "EngineCore failed to start.",
+                     "RuntimeError: Engine core initialization failed.")])[-1]
+    assert st.cause == "max_model_len_exceeds_model"
+    assert st.remedy is not None and "(4096)" in st.remedy
+
+
+def test_health_503_after_200_is_engine_dead() -> None:
+    st = fold([_snap(0, health=200), _snap(10, health=503)])[-1]
+    assert (st.verdict, st.cause) == ("crashed", "engine_dead")
+
+
+def test_sigstopped_worker_is_stalled() -> None:
+    snaps = [_snap(0, "Starting to load model /m...", cpu=5.0, state="R")]
+    snaps += [_snap(10.0 * i, cpu=5.0, state="T") for i in range(1, 40)]
+    st = fold(snaps)[-1]
+    assert st.verdict == "stalled" and st.cause == "stalled_loading_weights"
+    assert st.now == pytest.approx(300, abs=10)
+
+
+def test_noise_alone_is_not_progress() -> None:
+    noise = "No available shared memory broadcast block found in 60 seconds."
+    snaps = [_snap(0, "Starting to load model /m...")]
+    snaps += [_snap(60.0 * i, noise, cpu=60.0 * i, state="R") for i in range(1, 8)]
+    st = fold(snaps)[-1]
+    assert st.verdict == "stalled"
+    assert st.evidence.noise_lines == 1 and st.evidence.new_lines == 0
+
+
+def test_a_plain_log_never_proves_a_stall() -> None:
+    start = LogLine(us=0, text="Starting torch.compile")
+    snaps = [Snapshot(time=0, journal=Journal(lines=(start,)))]
+    snaps += [Snapshot(time=60.0 * i, journal=Journal(lines=(
+        LogLine(us=0, text="No available shared memory broadcast block found in 60 seconds"),)))
+        for i in range(1, 20)]
+    b = Budgets()
+    st = reducer.initial()
+    for s in snaps:
+        st = reducer.step(st, s, b, log_only=True)
+    assert st.verdict is None
+
+
+def test_hard_cap_is_timed_out() -> None:
+    b = Budgets(hard_cap_s=100.0)
+    snaps = [_snap(10.0 * i, f"line {i}", cpu=10.0 * i) for i in range(12)]
+    st = fold(snaps, b)[-1]
+    assert (st.verdict, st.cause) == ("timed_out", "timed_out")
+    assert st.now == 100
+
+
+def test_slow_extends_once_then_times_out() -> None:
+    b = Budgets(phase_s={"bootstrap": 50.0})
+    states = fold([_snap(10.0 * i, f"line {i}") for i in range(15)], b)
+    verdicts = [s.verdict for s in states]
+    assert verdicts[5] is None and verdicts[6] == "slow"  # 60 s > 50 s: extended to 100 s
+    assert "timed_out" in verdicts and verdicts.index("timed_out") == 11  # 110 s > 100 s
+
+
+def test_phase_only_moves_forward() -> None:
+    st = fold([_snap(0, "Capturing CUDA graphs (decode, FULL): 100%"),
+               _snap(10, "Available KV cache memory: 3.2 GiB"),
+               _snap(20, "Graph capturing finished in 5 secs, took 0.5 GiB")])[-1]
+    assert st.phase == "capturing_graphs"
+    assert [s.name for s in st.spans] == ["bootstrap", "capturing_graphs"]
+
+
+def test_report_shape() -> None:
+    st = fold([_snap(0, "Starting to load model /m"), _snap(5, health=200,
+                                                             smoke=Smoke(ok=True, tokens=1))])[-1]
+    rep = reducer.report(st)
+    assert rep["verdict"] == "ready"
+    phases = rep["phases"]
+    assert isinstance(phases, list)
+    assert [p["name"] for p in phases] == ["bootstrap", "loading_weights", "ready"]
+    assert set(phases[0]) == {"name", "start", "end", "duration_s"}
