@@ -1,0 +1,223 @@
+"""The log catalog against vLLM's format strings, 0.10 → 0.33 and the CPU build."""
+
+from __future__ import annotations
+
+import pytest
+
+from vigil import catalog
+
+P31 = "(APIServer pid=1) INFO 11-29 10:01:02 [api_server.py:12] "
+
+
+@pytest.mark.parametrize(
+    ("text", "proc", "pid", "level", "stamp", "message"),
+    [
+        (P31 + "Using max model len 1024", "APIServer", 1, "INFO", "11-29 10:01:02",
+         "Using max model len 1024"),
+        ("(EngineCore_DP0 pid=42) WARNING 01-02 03:04:05 [core.py:9] hi", "EngineCore_DP0",
+         42, "WARNING", "01-02 03:04:05", "hi"),
+        ("(Worker_TP5 pid=7) INFO 11-29 10:01:02 [x.py:1] m", "Worker_TP5", 7, "INFO",
+         "11-29 10:01:02", "m"),
+        ("(Worker_PP1_TP3 pid=7) ERROR 11-29 10:01:02 [x.py:1] m", "Worker_PP1_TP3", 7,
+         "ERROR", "11-29 10:01:02", "m"),
+        ("(VllmWorker-0 pid=4038) WARNING 11-29 10:32:05 [vllm.py:725] m", "VllmWorker-0",
+         4038, "WARNING", "11-29 10:32:05", "m"),
+        # ≤0.30: the prefix wraps stdout, so it also precedes tracebacks
+        ("(APIServer pid=1) Traceback (most recent call last):", "APIServer", 1, None, None,
+         "Traceback (most recent call last):"),
+        # no prefix at all (uvicorn, tqdm, 0.31+ tracebacks)
+        ("INFO:     Application startup complete.", None, None, None, None,
+         "INFO:     Application startup complete."),
+        # ≤0.11 colours
+        ("\x1b[32mINFO\x1b[0m 11-29 10:01:02 [x.py:1] m", None, None, "INFO",
+         "11-29 10:01:02", "m"),
+    ],
+)
+def test_parse_line(text: str, proc: str | None, pid: int | None, level: str | None,
+                    stamp: str | None, message: str) -> None:
+    line = catalog.parse_line(text)
+    assert (line.proc, line.pid, line.level, line.stamp, line.message) == (
+        proc, pid, level, stamp, message)
+
+
+def test_tqdm_redraws_keep_the_last_state() -> None:
+    m = catalog.classify("Loading safetensors checkpoint shards:   0% Completed | 0/4\r"
+                         "Loading safetensors checkpoint shards:  50% Completed | 2/4\r")
+    assert m.marker == "shards" and m.values["done"] == 2 and m.values["total"] == 4
+
+
+# Every marker of shared/VLLM_STARTUP.md, with its wording variants.
+MARKERS = [
+    ("bootstrap", "start", "vLLM server version 0.33.0"),
+    ("bootstrap", "start", "vLLM API server version 0.11.0"),
+    ("bootstrap", "start", " ▄▄ ▄█ █     █     █ ▀▄▀ █  version 0.32.0"),
+    ("bootstrap", "progress", "non-default args: {'model': '/m'}"),
+    ("bootstrap", "progress", "Resolved architecture: LlamaForCausalLM"),
+    ("bootstrap", "progress", "Using max model len 131072"),
+    ("engine_init", "start", "Initializing a V1 LLM engine (v0.32.0) with config: model='/m'"),
+    ("distributed_init", "start", "world_size=8 rank=3 local_rank=3 "
+     "distributed_init_method=tcp://127.0.0.1:1 backend=nccl"),
+    ("distributed_init", "progress", "vLLM is using nccl==2.27.5"),
+    ("distributed_init", "progress", "rank 0 in world size 1 is assigned as DP rank 0, PP rank 0"),
+    ("loading_weights", "start", "Starting to load model /models/kimi..."),
+    ("loading_weights", "start", "Loading model from scratch..."),
+    ("loading_weights", "progress",
+     "Loading safetensors checkpoint shards:  45% Completed | 29/64 [01:10<01:25, 2.9s/it]"),
+    ("loading_weights", "progress", "Loading weights took 158.20 seconds"),
+    ("loading_weights", "end", "Model loading took 73.7 GiB memory and 160.512345 seconds"),
+    ("loading_weights", "end", "Model loading took 51.0000 GiB and 343.1234 seconds"),
+    ("compiling", "start", "[backbone] Starting torch.compile"),
+    ("compiling", "start", "Using cache directory: /c/torch_compile_cache/ab/rank_0_0/backbone "
+     "for vLLM's torch.compile"),
+    ("compiling", "start", "Warming up model for the compilation..."),
+    ("compiling", "progress", "Dynamo bytecode transform time: 12.31 s"),
+    ("compiling", "progress",
+     "Directly load the compiled graph(s) for compile range (1, 8192) from the cache, took 2.1 s"),
+    ("compiling", "progress", "Compiling a graph for compile range (1, 8192) takes 41.20 s"),
+    ("compiling", "progress", "Compiling a graph for dynamic shape takes 30.10 s"),
+    ("compiling", "progress", "Cache the graph of compile range (1, 8192) for later use"),
+    ("compiling", "progress", "Cache the graph of shape None for later use"),
+    ("compiling", "progress", "Directly load AOT compilation from path /c/torch_aot_compile/x"),
+    ("compiling", "progress", "[backbone] saved AOT compiled function to /c/x"),
+    ("compiling", "progress", "Compiling model again due to a load failure from /c/x"),
+    ("compiling", "end", "torch.compile took 64.32 s in total"),
+    ("compiling", "end", "torch.compile takes 64.32 s in total"),
+    ("compiling", "end", "Warming up done."),
+    ("kv_cache", "start", "Available KV cache memory: 41.20 GiB"),
+    ("kv_cache", "end", "GPU KV cache size: 1,262,144 tokens, Maximum concurrency for "
+     "131,072 tokens per request: 9.63x"),
+    ("kv_cache", "end", "CPU KV cache size: 262,144 tokens, Maximum concurrency for 1,024 "
+     "tokens per request: 256.00x"),
+    ("kv_cache", "end", "GPU KV cache size: 1262144 tokens"),
+    ("kv_cache", "end", "Maximum concurrency for 131072 tokens per request: 9.63x"),
+    ("capturing_graphs", "start",
+     "Capturing CUDA graphs (mixed prefill-decode, PIECEWISE): 100%|██| 67/67"),
+    ("capturing_graphs", "end", "Graph capturing finished in 31 secs, took 1.12 GiB"),
+    ("api_starting", "start",
+     "init engine (profile, create kv cache, warmup model) took 712.44 s (compilation: 640 s)"),
+    ("api_starting", "start",
+     "init engine (profile, create kv cache, warmup model) took 70.10 seconds"),
+    ("api_starting", "progress", "Starting vLLM server on http://0.0.0.0:8000"),
+    ("api_starting", "progress", "Starting vLLM API server 0 on http://0.0.0.0:8000"),
+    ("api_starting", "progress", "Started server process [3976]"),
+    ("api_starting", "progress", "Waiting for application startup."),
+    ("api_starting", "end", "Application startup complete."),
+]
+
+
+@pytest.mark.parametrize(("phase", "edge", "message"), MARKERS)
+@pytest.mark.parametrize("prefix", ["", P31, "(Worker_TP5 pid=9) ",
+                                    "\x1b[32mINFO\x1b[0m 11-29 10:01:02 [x.py:1] "])
+def test_markers(phase: str, edge: str, message: str, prefix: str) -> None:
+    m = catalog.classify(prefix + message)
+    assert (m.kind, m.phase, m.edge) == ("marker", phase, edge)
+
+
+def test_marker_values() -> None:
+    assert catalog.classify("Model loading took 73.7 GiB memory and 160.5 seconds").values == {
+        "gib": 73.7, "seconds": 160.5}
+    assert catalog.classify("torch.compile took 64.32 s in total").values["seconds"] == 64.32
+    assert catalog.classify("Available KV cache memory: 41.2 GiB").values["gib"] == 41.2
+
+
+def test_initializing_model_took_is_not_model_loading() -> None:
+    # CPU build, 0.32: "Initializing model took" precedes the real loading.
+    assert catalog.classify("Initializing model took 0.139565 seconds").kind == "other"
+
+
+FATALS = [
+    ("flashinfer_version_mismatch", "RuntimeError: flashinfer-cubin version (0.6.3) does not "
+     "match flashinfer version (0.6.4). Please install the same version of both packages."),
+    ("flashinfer_version_mismatch", "RuntimeError: flashinfer-jit-cache version (0.6.3) does "
+     "not match flashinfer version (0.6.4). Please install the same version of both packages."),
+    ("gpu_memory_held", "ValueError: Free memory on device cuda:0 (10.2/139.8 GiB) on startup is "
+     "less than desired GPU memory utilization (0.92, 128.6 GiB)."),
+    ("out_of_memory", "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"),
+    ("out_of_memory", "RuntimeError: Failed to load model - not enough GPU memory"),
+    ("kv_cache_too_small", "ValueError: To serve at least one request with the model's max seq "
+     "len (131072), (8.00 GiB KV cache is needed, which is larger than the available KV cache "
+     "memory (4.0 GiB)."),
+    ("kv_cache_too_small", "ValueError: To serve at least one request with the models's max seq "
+     "len (131072)"),
+    ("kv_cache_too_small", "ValueError: No available memory for the cache blocks. Try "
+     "increasing `gpu_memory_utilization` when initializing the engine."),
+    ("max_model_len_exceeds_model", "ValueError: User-specified max_model_len (4096) is greater "
+     "than the derived max_model_len (max_position_embeddings=1024 in model's config.json)."),
+    ("tp_indivisible", "ValueError: Total number of attention heads (6) must be divisible by "
+     "tensor parallel size (4)."),
+    ("not_enough_gpus", "ValueError: World size (16) is larger than the number of available "
+     "GPUs (8) in this node."),
+    ("nccl_error", "RuntimeError: NCCL error: unhandled system error (run with NCCL_DEBUG=INFO)"),
+    ("nccl_error", "RuntimeError: Failed to load NCCL library from libnccl.so.2"),
+    ("port_in_use", "OSError: [Errno 98] Address already in use"),
+    ("port_in_use", "ERROR:    [Errno 98] error while attempting to bind on address "
+     "('0.0.0.0', 8000): address already in use"),
+    ("cpu_memory", "ValueError: Available memory on node 0 (3.1/15.5 GiB) on startup is less "
+     "than desired CPU memory utilization (0.9, 14.0 GiB)."),
+    ("engine_dead", "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue."),
+    ("engine_dead", "EngineCore encountered a fatal error."),
+    ("engine_dead", "Worker proc VllmWorker-3 died unexpectedly, shutting down executor."),
+    ("engine_dead", "WorkerProc hit an exception."),
+    ("engine_dead", "Worker failed with error 'boom'"),
+    ("unknown", "WorkerProc failed to start."),
+    ("unknown", "EngineCore failed to start."),
+    ("unknown", "RuntimeError: Engine core initialization failed. See root cause above. "
+     "Failed core proc(s): {'EngineCore_DP0': 1}"),
+]
+
+
+@pytest.mark.parametrize(("cause", "message"), FATALS)
+@pytest.mark.parametrize("prefix", ["", "(EngineCore_DP0 pid=3) ", P31.replace("INFO", "ERROR")])
+def test_fatals(cause: str, message: str, prefix: str) -> None:
+    m = catalog.classify(prefix + message)
+    assert (m.kind, m.cause) == ("fatal", cause)
+    assert m.remedy and "{" not in m.remedy
+
+
+def test_every_required_cause_has_a_pattern_and_a_remedy() -> None:
+    required = {"flashinfer_version_mismatch", "gpu_memory_held", "out_of_memory",
+                "kv_cache_too_small", "max_model_len_exceeds_model", "tp_indivisible",
+                "not_enough_gpus", "nccl_error", "port_in_use", "cpu_memory", "engine_dead",
+                "unknown"}
+    assert required <= {f.cause for f in catalog.FATALS}
+    assert required <= set(catalog.REMEDIES)
+    assert {c for c, _ in FATALS} == required
+
+
+def test_remedies_name_the_concrete_fix() -> None:
+    m = catalog.classify(FATALS[1][1])
+    assert m.remedy is not None
+    assert "pip install flashinfer-jit-cache==0.6.4" in m.remedy and "0.6.3" in m.remedy
+    m = catalog.classify(FATALS[8][1])
+    assert m.remedy is not None and "--max-model-len (4096)" in m.remedy
+    m = catalog.classify(FATALS[10][1])
+    assert m.remedy is not None and "(16)" in m.remedy
+
+
+def test_generic_chain_lines_are_not_specific() -> None:
+    assert not catalog.is_specific("unknown")
+    assert catalog.is_specific("out_of_memory")
+
+
+def test_flashinfer_warning_from_0_7_2_is_not_fatal() -> None:
+    m = catalog.classify("WARNING Ignoring incompatible flashinfer-cubin package: flashinfer-cubin "
+                         "version (0.7.1) does not match flashinfer version (0.7.2)")
+    assert m.kind != "fatal"
+
+
+def test_shm_broadcast_is_noise() -> None:
+    m = catalog.classify("(EngineCore_DP0 pid=1) INFO 11-29 10:11:02 [shm_broadcast.py:466] No "
+                         "available shared memory broadcast block found in 60 seconds. This "
+                         "typically happens when some processes are hanging or doing some "
+                         "time-consuming work (e.g. compilation, weight/kv cache quantization).")
+    assert m.kind == "noise" and m.values["seconds"] == 60
+
+
+def test_ordinary_lines_are_other() -> None:
+    assert catalog.classify(P31 + "Supported tasks: ['generate']").kind == "other"
+    assert catalog.classify("").kind == "other"
+
+
+def test_phase_order() -> None:
+    assert catalog.PHASES[0] == "bootstrap" and catalog.PHASES[-1] == "ready"
+    assert catalog.phase_index("compiling") < catalog.phase_index("kv_cache")
