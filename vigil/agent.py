@@ -17,6 +17,9 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from typing import Any, Dict, List, Optional, Tuple
+
+Json = Dict[str, Any]
 
 PY_LIST = (
     "import json,importlib.metadata as m;"
@@ -26,7 +29,7 @@ PY_LIST = (
 RELEASE_FILES = ("unit", "env")
 
 
-def read_text(path):
+def read_text(path: str) -> Any:
     try:
         with open(path, encoding="utf-8") as fh:
             return fh.read()
@@ -36,12 +39,12 @@ def read_text(path):
         return {"error": "permission denied"}
 
 
-def systemctl_show(unit):
+def systemctl_show(unit: str) -> Dict[str, str]:
     props = "LoadState,ActiveState,SubState,MainPID,NRestarts,UnitFileState,ExecMainStatus"
     proc = subprocess.run(
         ["systemctl", "show", unit, "-p", props], capture_output=True, text=True
     )
-    out = {}
+    out: Dict[str, str] = {}
     for line in proc.stdout.splitlines():
         key, _, value = line.partition("=")
         out[key] = value
@@ -50,7 +53,10 @@ def systemctl_show(unit):
     return out
 
 
-def http(port, path, body=None, headers=None, timeout=3.0):
+def http(
+    port: int, path: str, body: Optional[Json] = None,
+    headers: Optional[Dict[str, str]] = None, timeout: float = 3.0,
+) -> Json:
     url = "http://127.0.0.1:%d%s" % (port, path)
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, headers=headers or {})
@@ -69,7 +75,7 @@ def http(port, path, body=None, headers=None, timeout=3.0):
         return {"status": None, "error": "%s: %s" % (type(exc).__name__, exc)}
 
 
-def installed_packages(env_dir):
+def installed_packages(env_dir: str) -> Tuple[Optional[Dict[str, str]], Optional[str]]:
     python = os.path.join(env_dir, "bin", "python")
     if not os.path.exists(python):
         return None, None
@@ -79,7 +85,7 @@ def installed_packages(env_dir):
     return json.loads(proc.stdout), None
 
 
-def model_facts(path):
+def model_facts(path: str) -> Json:
     if not path.startswith("/"):
         return {"kind": "hub-id"}
     if not os.path.isdir(path):
@@ -99,7 +105,7 @@ def model_facts(path):
     return {"kind": "path", "exists": True, "config": config}
 
 
-def writable(path):
+def writable(path: str) -> bool:
     """Whether we could create files in path (or in its nearest existing parent)."""
     probe = path
     while not os.path.exists(probe):
@@ -110,7 +116,7 @@ def writable(path):
     return os.access(probe, os.W_OK)
 
 
-def facts(req):
+def facts(req: Json) -> Json:
     paths = req["paths"]
     files = {name: read_text(paths[name]) for name in RELEASE_FILES}
     current = paths["current"]
@@ -146,13 +152,13 @@ def facts(req):
     }
 
 
-def _existing_parent(path):
+def _existing_parent(path: str) -> str:
     while not os.path.exists(path):
         path = os.path.dirname(path)
     return path
 
 
-def write_atomic(path, content, mode):
+def write_atomic(path: str, content: str, mode: int) -> None:
     """Temp file in the same directory, fsync, rename: a reader sees old or new, never half."""
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
@@ -170,13 +176,13 @@ def write_atomic(path, content, mode):
         raise
 
 
-def switch_link(link, target):
+def switch_link(link: str, target: str) -> None:
     tmp = "%s.vigil-%d" % (link, os.getpid())
     os.symlink(target, tmp)
     os.replace(tmp, link)  # rename(2) over the old link: atomic
 
 
-def backup_release(paths):
+def backup_release(paths: Dict[str, str]) -> None:
     """Keep the release being replaced (unit, env, environment link) as one set."""
     bdir = paths["backup_dir"]
     tmp = bdir + ".new"
@@ -195,23 +201,25 @@ def backup_release(paths):
     shutil.rmtree(old, ignore_errors=True)
 
 
-def run(cmd, log=None, timeout=None):
+def run(
+    cmd: List[str], log: Optional[str] = None, timeout: Optional[float] = None
+) -> Tuple[int, str]:
     if log is not None:
         with open(log, "a") as fh:
             fh.write("$ %s\n" % " ".join(cmd))
             fh.flush()
-            proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout)
-        return proc.returncode, ""
+            logged = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, timeout=timeout)
+        return logged.returncode, ""
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     return proc.returncode, (proc.stdout + proc.stderr).strip()
 
 
-def tail(path, lines=15):
+def tail(path: str, lines: int = 15) -> str:
     text = read_text(path)
     return "\n".join(text.splitlines()[-lines:]) if isinstance(text, str) else ""
 
 
-def install_env(action):
+def install_env(action: Json) -> Json:
     """Build the stack's environment in its own directory; never touch `current`."""
     env_dir = action["env_dir"]
     log = env_dir + ".install.log"
@@ -258,9 +266,9 @@ def install_env(action):
     return {"ok": True, "log": log}
 
 
-def apply(req):
+def apply(req: Json) -> Json:
     paths = req["paths"]
-    results = []
+    results: List[Json] = []
     for action in req["actions"]:
         kind = action["kind"]
         try:
@@ -298,7 +306,7 @@ def apply(req):
     return {"results": results}
 
 
-def rollback(req):
+def rollback(req: Json) -> Json:
     paths = req["paths"]
     bdir = paths["backup_dir"]
     if not os.path.isdir(bdir):
@@ -320,19 +328,19 @@ def rollback(req):
             "env": link if isinstance(link, str) else None}
 
 
-def journal_tail(unit, lines):
+def journal_tail(unit: str, lines: int) -> str:
     _, out = run(["journalctl", "-u", unit, "-n", str(lines), "--no-pager", "-o", "cat"])
     return out
 
 
-def serving(req):
+def serving(req: Json) -> Json:
     service = systemctl_show(req["unit"])
-    reply = {"service": service, "health": None, "completion": None}
+    reply: Json = {"service": service, "health": None, "completion": None}
     if service.get("ActiveState") in ("failed", "inactive") or req.get("journal"):
         reply["journal"] = journal_tail(req["unit"], 40)
     if service.get("ActiveState") != "active":
         return reply
-    headers = {}
+    headers: Dict[str, str] = {}
     if req.get("api_key"):
         headers["Authorization"] = "Bearer " + req["api_key"]
     reply["health"] = http(req["port"], "/health", timeout=3.0)
@@ -342,7 +350,7 @@ def serving(req):
     return reply
 
 
-def status(req):
+def status(req: Json) -> Json:
     props = ("ActiveState,SubState,MainPID,NRestarts,ActiveEnterTimestamp,"
              "ActiveEnterTimestampMonotonic,LoadState")
     proc = subprocess.run(["systemctl", "show", req["unit"], "-p", props],
@@ -363,7 +371,7 @@ def status(req):
             "exec_start": exec_start, "health": health}
 
 
-VERBS = {"status": status, "facts": facts, "apply": apply, "rollback": rollback,
+VERBS: Dict[str, Any] = {"status": status, "facts": facts, "apply": apply, "rollback": rollback,
          "serving": serving}
 
 if __name__ == "__main__":

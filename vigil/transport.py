@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, cast
 
 import paramiko
 
@@ -178,9 +178,7 @@ class SSHTransport:
 
     def _connect(self) -> paramiko.Transport:
         if self.conn.is_connected:
-            transport = self.conn.client.get_transport()
-            assert transport is not None
-            return transport
+            return self._transport()
         try:
             self.conn.open()
         except paramiko.BadHostKeyException:
@@ -214,9 +212,12 @@ class SSHTransport:
                 self.name, f"cannot connect to {self._where()}: {exc.strerror or exc}",
                 fix="check the address and port, and that sshd runs there",
             ) from None
+        return self._transport()
+
+    def _transport(self) -> paramiko.Transport:
         transport = self.conn.client.get_transport()
         assert transport is not None
-        return transport
+        return cast(paramiko.Transport, transport)
 
     def _channel(self, command: str) -> paramiko.Channel:
         channel = self._connect().open_session()
