@@ -12,7 +12,8 @@ from vigil import inventory
 from vigil.deploy import Target, resolve
 from vigil.errors import PermissionDeniedError, RefusedError
 from vigil.facts import HostFacts, parse_facts
-from vigil.plan import check_host, make_plan
+from vigil.plan import make_plan
+from vigil.preflight import check_host
 
 REPO_INV = Path(__file__).resolve().parent.parent / "inventory"
 ENV = {"HF_TOKEN": "hf_old"}

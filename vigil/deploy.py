@@ -22,7 +22,8 @@ from vigil.config import HostVars, ModelProfile, Stack
 from vigil.errors import ConfigError, HostError, PermissionDeniedError, VigilError
 from vigil.facts import HostFacts, parse_facts
 from vigil.inventory import Inventory
-from vigil.plan import Plan, check_fits, check_host, make_plan
+from vigil.plan import Plan, make_plan
+from vigil.preflight import check_fits, check_host
 from vigil.remote import call
 from vigil.render import TEMPLATES, Rendered, paths_for, render
 from vigil.report import HostResult, Log

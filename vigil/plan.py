@@ -11,12 +11,11 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from vigil.config import HostVars, ModelProfile, Stack
-from vigil.errors import PermissionDeniedError, RefusedError
+from vigil.config import Stack
+from vigil.errors import RefusedError
 from vigil.facts import HostFacts
 from vigil.render import Rendered, mask_env_text
-
-MIN_FREE_FOR_INSTALL = 10 * 2**30
+from vigil.runtime import MIN_FREE_FOR_INSTALL, install_payload, runtime_differences
 
 
 @dataclass(frozen=True)
@@ -45,74 +44,6 @@ class Plan:
             return ["nothing to do"]
         return [f"{a.kind if a.kind != 'systemctl' else 'systemctl ' + ' '.join(a.payload['args'])}"
                 f": {a.reason}" for a in self.actions]
-
-
-def check_fits(host_name: str, host: HostVars, profile: ModelProfile) -> None:
-    """Refuse, before any connection, what the inventory already says cannot work."""
-    if profile.device == "cpu":
-        return
-    need = profile.gpus_needed
-    if host.gpu is None:
-        raise RefusedError(
-            f"{host_name}: profile {profile.name} needs {need} GPUs but the inventory "
-            "declares no gpu for this host",
-            fix="add gpu: {kind, count, memory_gib} to the host or its group",
-        )
-    if need > host.gpu.count:
-        raise RefusedError(
-            f"{host_name}: profile {profile.name} needs tensor_parallel_size "
-            f"{profile.tensor_parallel_size} x pipeline_parallel_size "
-            f"{profile.pipeline_parallel_size} x data_parallel_size "
-            f"{profile.data_parallel_size} = {need} GPUs; the host has {host.gpu.count}",
-            fix="lower the parallel sizes (with --set or host overrides) or pick a bigger host",
-        )
-    if profile.weights_gib_per_gpu >= host.gpu.memory_gib * profile.gpu_memory_utilization:
-        raise RefusedError(
-            f"{host_name}: {profile.weights_gib_per_gpu:g} GiB of weights per GPU do not fit "
-            f"in {profile.gpu_memory_utilization:g} x {host.gpu.memory_gib:g} GiB",
-            fix="raise tensor_parallel_size or pick a host with more GPU memory",
-        )
-
-
-def check_host(host_name: str, profile: ModelProfile, r: Rendered, facts: HostFacts) -> None:
-    """Refuse, with the evidence, what the host's facts make impossible."""
-    for what, ok in facts.writable.items():
-        if not ok:
-            path = {"unit": r.paths.unit, "env": r.paths.env, "envs": r.paths.env_dir,
-                    "state": r.paths.backup_dir}[what]
-            raise PermissionDeniedError(
-                host_name, f"user uid {facts.uid} may not write {path}",
-                fix="deploy as root, or set sudo: true for a user with passwordless sudo",
-            )
-    if facts.env_unreadable:
-        raise PermissionDeniedError(host_name, f"cannot read {r.paths.env}",
-                                    fix="deploy as root or with sudo: true")
-    if not facts.service_user_exists:
-        user = shlex.quote(r.unit_text.split("User=", 1)[1].split("\n", 1)[0])
-        raise RefusedError(
-            f"{host_name}: service user {user} does not exist",
-            fix=f"create it on the host: useradd --system --shell /usr/sbin/nologin {user}",
-        )
-    if facts.model_exists is False:
-        raise RefusedError(
-            f"{host_name}: model directory {profile.model} does not exist",
-            fix="copy the weights there first, or fix `model:` in the profile",
-        )
-    config = facts.model_config or {}
-    limit = config.get("max_position_embeddings")
-    if isinstance(limit, int) and profile.max_model_len > limit:
-        raise RefusedError(
-            f"{host_name}: max_model_len {profile.max_model_len} is above the model's "
-            f"max_position_embeddings {limit} ({profile.model}/config.json)",
-            fix=f"set max_model_len to {limit} or less",
-        )
-    heads = config.get("num_attention_heads")
-    if isinstance(heads, int) and heads % profile.tensor_parallel_size:
-        raise RefusedError(
-            f"{host_name}: tensor_parallel_size {profile.tensor_parallel_size} does not "
-            f"divide the model's {heads} attention heads ({profile.model}/config.json)",
-            fix="use a tensor_parallel_size that divides the head count",
-        )
 
 
 def _unit_keys(text: str | None) -> dict[str, list[str]]:
@@ -173,20 +104,6 @@ def unified(path: str, old: str | None, new: str) -> str:
     return "".join(lines)
 
 
-def runtime_differences(stack: Stack, facts: HostFacts) -> list[str]:
-    if not facts.env_complete or facts.packages is None:
-        return ["environment not installed" + (f" ({facts.env_error})" if facts.env_error else "")]
-    diffs = []
-    for name, version in stack.packages.items():
-        have = facts.packages.get(name.lower().replace("_", "-"))
-        if have != version:
-            diffs.append(f"{name} {have or 'missing'} != {version}")
-    for name in stack.remove:
-        if name.lower() in facts.packages:
-            diffs.append(f"{name} {facts.packages[name.lower()]} installed, must be removed")
-    return diffs
-
-
 def make_plan(
     host_name: str,
     stack: Stack,
@@ -204,16 +121,8 @@ def make_plan(
                 f"{r.paths.env_dir}; an environment needs {MIN_FREE_FOR_INSTALL // 2**30} GiB",
                 fix="free disk space on the host",
             )
-        actions.append(Action("install_env", "; ".join(runtime), {
-            "env_dir": r.paths.env_dir,
-            "python": stack.python,
-            "requirements": [f"{n}=={v}" for n, v in stack.packages.items()],
-            "remove": stack.remove,
-            "find_links": stack.find_links,
-            "index_url": stack.index_url,
-            "extra_index_urls": stack.extra_index_urls,
-            "import_check": "import vllm",
-        }))
+        actions.append(Action("install_env", "; ".join(runtime),
+                              install_payload(stack, r.paths.env_dir)))
     switch = facts.current_env != r.paths.env_dir
     unit_changed = facts.unit_text != r.unit_text
     env_changed = facts.env_text != r.env_text

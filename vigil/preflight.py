@@ -1,0 +1,82 @@
+"""Preflight: refuse, with the evidence, what cannot work; before anything is changed.
+
+``check_fits`` needs only the inventory (runs before any connection); ``check_host``
+needs the host's facts (runs after the one facts round trip, before any write).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from vigil.config import HostVars, ModelProfile
+from vigil.errors import PermissionDeniedError, RefusedError
+from vigil.facts import HostFacts
+from vigil.render import Rendered
+
+
+def check_fits(host_name: str, host: HostVars, profile: ModelProfile) -> None:
+    """Refuse, before any connection, what the inventory already says cannot work."""
+    if profile.device == "cpu":
+        return
+    need = profile.gpus_needed
+    if host.gpu is None:
+        raise RefusedError(
+            f"{host_name}: profile {profile.name} needs {need} GPUs but the inventory "
+            "declares no gpu for this host",
+            fix="add gpu: {kind, count, memory_gib} to the host or its group",
+        )
+    if need > host.gpu.count:
+        raise RefusedError(
+            f"{host_name}: profile {profile.name} needs tensor_parallel_size "
+            f"{profile.tensor_parallel_size} x pipeline_parallel_size "
+            f"{profile.pipeline_parallel_size} x data_parallel_size "
+            f"{profile.data_parallel_size} = {need} GPUs; the host has {host.gpu.count}",
+            fix="lower the parallel sizes (with --set or host overrides) or pick a bigger host",
+        )
+    if profile.weights_gib_per_gpu >= host.gpu.memory_gib * profile.gpu_memory_utilization:
+        raise RefusedError(
+            f"{host_name}: {profile.weights_gib_per_gpu:g} GiB of weights per GPU do not fit "
+            f"in {profile.gpu_memory_utilization:g} x {host.gpu.memory_gib:g} GiB",
+            fix="raise tensor_parallel_size or pick a host with more GPU memory",
+        )
+
+
+def check_host(host_name: str, profile: ModelProfile, r: Rendered, facts: HostFacts) -> None:
+    """Refuse, with the evidence, what the host's facts make impossible."""
+    for what, ok in facts.writable.items():
+        if not ok:
+            path = {"unit": r.paths.unit, "env": r.paths.env, "envs": r.paths.env_dir,
+                    "state": r.paths.backup_dir}[what]
+            raise PermissionDeniedError(
+                host_name, f"user uid {facts.uid} may not write {path}",
+                fix="deploy as root, or set sudo: true for a user with passwordless sudo",
+            )
+    if facts.env_unreadable:
+        raise PermissionDeniedError(host_name, f"cannot read {r.paths.env}",
+                                    fix="deploy as root or with sudo: true")
+    if not facts.service_user_exists:
+        user = shlex.quote(r.unit_text.split("User=", 1)[1].split("\n", 1)[0])
+        raise RefusedError(
+            f"{host_name}: service user {user} does not exist",
+            fix=f"create it on the host: useradd --system --shell /usr/sbin/nologin {user}",
+        )
+    if facts.model_exists is False:
+        raise RefusedError(
+            f"{host_name}: model directory {profile.model} does not exist",
+            fix="copy the weights there first, or fix `model:` in the profile",
+        )
+    config = facts.model_config or {}
+    limit = config.get("max_position_embeddings")
+    if isinstance(limit, int) and profile.max_model_len > limit:
+        raise RefusedError(
+            f"{host_name}: max_model_len {profile.max_model_len} is above the model's "
+            f"max_position_embeddings {limit} ({profile.model}/config.json)",
+            fix=f"set max_model_len to {limit} or less",
+        )
+    heads = config.get("num_attention_heads")
+    if isinstance(heads, int) and heads % profile.tensor_parallel_size:
+        raise RefusedError(
+            f"{host_name}: tensor_parallel_size {profile.tensor_parallel_size} does not "
+            f"divide the model's {heads} attention heads ({profile.model}/config.json)",
+            fix="use a tensor_parallel_size that divides the head count",
+        )
