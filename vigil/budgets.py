@@ -2,7 +2,7 @@
 
 A start's phase durations are right-skewed (a cold compile is 10x a warm one, a slow
 disk doubles a load), so budgets are fitted on log-durations with robust statistics:
-budget = exp(median + k * max(MAD, min_spread)), clamped to [floor, cap]. This is the
+budget = exp(median + k * max(1.4826 * MAD, min_spread)), clamped to [floor, cap]. This is the
 log-scale cousin of RFC 6298's SRTT + 4*RTTVAR, robust to the odd outlier.
 
 With few samples the key relaxes step by step (exact → same GPU kind and model →
@@ -141,15 +141,16 @@ def select_samples(
 def fit_log_robust(
     durations: Sequence[float],
     *,
-    k: float = 3.0,
-    min_spread: float = math.log(1.5),
+    k: float = 2.0,
+    min_spread: float = math.log(1.3),
     floor: float = FLOOR_S,
     cap: float = CAP_S,
 ) -> float:
     """exp(median(log d) + k * max(1.4826 * MAD(log d), min_spread)), clamped.
 
-    min_spread keeps identical samples from giving a zero-margin budget: starts that
-    took 60 s five times still may take 90 s the sixth.
+    k=2 is about the 98th percentile of a lognormal; `slow` then extends once (x2)
+    before a phase times out. min_spread keeps identical samples from giving a
+    zero-margin budget: starts that took 60 s five times may still take 80 s the sixth.
     """
     positive = [d for d in durations if d > 0]
     if not positive:
