@@ -1,0 +1,241 @@
+"""The probe, run for real the way SSH runs it: `python3 - ARGS < probe.py`.
+
+systemd is not PID 1 here, so systemctl/journalctl/nvidia-smi are small fakes on PATH
+that print what the real tools print; /proc, the cache walk and HTTP are real.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from vigil.snapshot import Snapshot
+
+PROBE = Path(__file__).parent.parent / "vigil" / "probe.py"
+
+
+def run_probe(*args: str, path: str | None = None, env: dict[str, str] | None = None
+              ) -> Snapshot:
+    e = dict(os.environ)
+    e["PATH"] = path if path is not None else "/nonexistent"
+    e.update(env or {})
+    out = subprocess.run([sys.executable, "-", *args], stdin=PROBE.open("rb"),
+                         capture_output=True, timeout=30, env=e, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == b""  # never a traceback
+    return Snapshot.from_json(out.stdout)
+
+
+def test_probe_is_stdlib_only_and_python38() -> None:
+    tree = ast.parse(PROBE.read_text(), feature_version=(3, 8))
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+                for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree)
+                 if isinstance(n, ast.ImportFrom) and n.module}
+    assert "vigil" not in imported
+    allowed = set(sys.stdlib_module_names) | {"pynvml", "__future__"}
+    assert imported <= allowed, imported - allowed
+
+
+@pytest.fixture
+def tree() -> Iterator[subprocess.Popen[bytes]]:
+    code = ("import subprocess, sys, time\n"
+            "c = subprocess.Popen([sys.executable, '-c', 'while True: pass'])\n"
+            "print(c.pid, flush=True)\n"
+            "time.sleep(60)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        yield parent
+    finally:
+        assert parent.stdout is not None
+        parent.kill()
+        parent.wait()
+
+
+def test_process_tree_cpu_state_rss(tree: subprocess.Popen[bytes]) -> None:
+    assert tree.stdout is not None
+    child = int(tree.stdout.readline())
+    time.sleep(0.6)  # let the child burn some CPU
+    try:
+        snap = run_probe("--pid", str(tree.pid), "--no-nvml")
+    finally:
+        os.kill(child, 9)
+    assert snap.processes is not None and snap.processes.source == "proc-tree"
+    procs = {p.pid: p for p in snap.processes.items}
+    assert set(procs) == {tree.pid, child}
+    assert procs[child].ppid == tree.pid
+    assert procs[child].state == "R" and procs[child].cpu_s > 0.2
+    assert procs[child].rss_bytes > 1_000_000 and "while True" in procs[child].cmdline
+    assert snap.unit is None and snap.http is None
+
+
+def test_cache_walk(tmp_path: Path) -> None:
+    d = tmp_path / "torch_compile_cache" / "ab" / "rank_0_0"
+    d.mkdir(parents=True)
+    (d / "a.py").write_bytes(b"x" * 1000)
+    (d / "b.so").write_bytes(b"y" * 24)
+    os.utime(d / "b.so", (1_700_000_000, 1_700_000_000))
+    os.utime(d / "a.py", (1_700_000_500, 1_700_000_500))
+    snap = run_probe("--cache-dir", str(tmp_path / "torch_compile_cache"),
+                     "--cache-dir", str(tmp_path / "missing"), "--no-nvml")
+    assert snap.cache is not None
+    present, missing = snap.cache.dirs
+    assert (present.exists, present.files, present.bytes) == (True, 2, 1024)
+    assert present.newest_mtime == 1_700_000_500
+    assert (missing.exists, missing.files) == (False, 0)
+    assert snap.cache.readable
+
+
+def test_default_cache_dirs_follow_vllm_cache_root(tmp_path: Path) -> None:
+    snap = run_probe("--user", "root", "--no-nvml", env={"VLLM_CACHE_ROOT": str(tmp_path)})
+    assert snap.cache is not None
+    paths = [d.path for d in snap.cache.dirs]
+    assert paths == [str(tmp_path / "torch_compile_cache"), "/tmp/torchinductor_root"]
+
+
+class _Vllm(BaseHTTPRequestHandler):
+    health = 200
+    seen_auth: list[str] = []
+
+    def do_GET(self) -> None:
+        if self.path == "/health":
+            self.send_response(self.health)
+            self.end_headers()
+        elif self.path == "/v1/models":
+            type(self).seen_auth.append(self.headers.get("Authorization", ""))
+            body = json.dumps({"object": "list", "data": [{"id": "tiny"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+        else:
+            self.send_response(404)
+            self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[ThreadingHTTPServer]:
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _Vllm)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+    _Vllm.health = 200
+
+
+def test_http_health_and_models_with_api_key(server: ThreadingHTTPServer) -> None:
+    port = str(server.server_address[1])
+    snap = run_probe("--port", port, "--api-key-env", "VK", "--no-nvml", env={"VK": "s3cret"})
+    assert snap.http is not None
+    assert snap.http.health_status == 200 and snap.http.models == ("tiny",)
+    assert _Vllm.seen_auth[-1] == "Bearer s3cret"
+
+
+def test_http_503_is_a_status_not_an_error(server: ThreadingHTTPServer) -> None:
+    _Vllm.health = 503
+    snap = run_probe("--port", str(server.server_address[1]), "--no-nvml")
+    assert snap.http is not None and snap.http.health_status == 503
+    assert snap.http.health_error is None
+
+
+def test_http_refused_is_an_error_field() -> None:
+    snap = run_probe("--port", "1", "--no-nvml")
+    assert snap.http is not None and snap.http.health_status is None
+    assert snap.http.health_error and "refused" in snap.http.health_error.lower()
+    assert snap.http.models is None
+
+
+def test_no_nvml_no_nvidia_smi_is_null() -> None:
+    assert run_probe("--no-nvml").gpus is None
+
+
+def _fake(bin_dir: Path, name: str, script: str) -> None:
+    p = bin_dir / name
+    p.write_text("#!" + sys.executable + "\n" + script)
+    p.chmod(0o755)
+
+
+def test_nvidia_smi_fallback(tmp_path: Path) -> None:
+    _fake(tmp_path, "nvidia-smi", (
+        "import sys\n"
+        "if any('query-gpu' in a for a in sys.argv):\n"
+        "    print('0, NVIDIA H200, 716, 143771, GPU-aaa')\n"
+        "    print('1, NVIDIA H200, 75469, 143771, GPU-bbb')\n"
+        "else:\n"
+        "    print('GPU-bbb, 2001, 74752')\n"))
+    snap = run_probe("--no-nvml", path=str(tmp_path))
+    assert snap.gpus is not None and snap.gpus.source == "nvidia-smi"
+    assert [g.memory_used_mib for g in snap.gpus.devices] == [716.0, 75469.0]
+    assert snap.gpus.devices[1].processes[0].pid == 2001
+
+
+def test_systemd_unit_and_journal(tmp_path: Path, tree: subprocess.Popen[bytes]) -> None:
+    assert tree.stdout is not None
+    child = int(tree.stdout.readline())
+    _fake(tmp_path, "systemctl", (
+        "print('ActiveState=activating')\nprint('SubState=start')\n"
+        f"print('MainPID={tree.pid}')\nprint('NRestarts=2')\nprint('ExecMainStatus=0')\n"
+        "import time\n"
+        "print('ExecMainStartTimestampMonotonic=%d' % "
+        "int((time.clock_gettime(time.CLOCK_MONOTONIC) - 30) * 1e6))\n"
+        "print('ControlGroup=/system.slice/nope.service')\n"))
+    args_file = tmp_path / "journal-args"
+    _fake(tmp_path, "journalctl", (
+        "import json, sys\n"
+        f"open({str(args_file)!r}, 'w').write(json.dumps(sys.argv[1:]))\n"
+        "msgs = ['Starting to load model /m...', list('Model loading took 1 GiB'.encode()),\n"
+        "        None, 'line three\\nline four']\n"
+        "for i, m in enumerate(msgs):\n"
+        "    print(json.dumps({'__CURSOR': 'c%d' % i, "
+        "'__REALTIME_TIMESTAMP': str(1764410400000000 + i), 'MESSAGE': m}))\n"))
+    try:
+        snap = run_probe("--unit", "vllm.service", "--cursor", "c-old", "--no-nvml",
+                         path=str(tmp_path))
+        first = run_probe("--unit", "vllm.service", "--max-lines", "2", "--no-nvml",
+                          path=str(tmp_path))
+        first_args = json.loads(args_file.read_text())
+    finally:
+        os.kill(child, 9)
+    u = snap.unit
+    assert u is not None and u.error is None
+    assert (u.active_state, u.main_pid, u.n_restarts) == ("activating", tree.pid, 2)
+    assert u.exec_main_start_epoch == pytest.approx(time.time() - 30, abs=5)
+    texts = [ln.text for ln in snap.journal.lines]
+    assert texts == ["Starting to load model /m...", "Model loading took 1 GiB",
+                     "line three", "line four"]
+    assert snap.journal.cursor == "c3" and not snap.journal.truncated
+    # No cgroup dir here: the tree under MainPID stands in.
+    assert snap.processes is not None and snap.processes.source == "proc-tree"
+    assert {p.pid for p in snap.processes.items} == {tree.pid, child}
+    # First poll: last N lines since the unit's start; cut at --max-lines with the cursor
+    # of the last line kept.
+    assert "-n" in first_args and "--since" in first_args and "--after-cursor" not in first_args
+    assert len(first.journal.lines) == 2 and first.journal.truncated
+    assert first.journal.cursor == "c1"
+
+
+def test_never_raises_without_systemd() -> None:
+    snap = run_probe("--unit", "vllm.service", "--port", "1", "--no-nvml")
+    assert snap.unit is not None and snap.unit.error
+    assert snap.journal.error and snap.journal.lines == ()
+    assert snap.processes is not None and snap.processes.items == ()
+
+
+def test_bad_arguments_exit_cleanly() -> None:
+    out = subprocess.run([sys.executable, "-", "--port", "notanumber"],
+                         stdin=PROBE.open("rb"), capture_output=True, timeout=30, check=False)
+    assert out.returncode == 2 and b"Traceback" not in out.stderr
