@@ -19,13 +19,15 @@ removes it.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,12 +172,11 @@ def prepare_machine() -> None:
     root = lab_dir()
     ssh_dir = root / "ssh"
     auth_dir = ssh_dir / "authorized_keys"
+    _check_secure_path(next(p for p in [root, *root.parents] if p.exists()))
     for d in (root, ssh_dir, auth_dir, models_dir(), root / "pip-cache", root / "hosts"):
         d.mkdir(parents=True, exist_ok=True)
-        d.chmod(0o755 if d != ssh_dir else 0o700)
-    # the ssh dir must stay traversable for the authorized keys below it
-    ssh_dir.chmod(0o711)
-    _check_secure_path(auth_dir)
+        # ssh/: private key inside, yet users must traverse it to their authorized keys
+        d.chmod(0o711 if d == ssh_dir else 0o755)
 
     _ensure_user(SERVICE_USER, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin")
     _ensure_user(NOROOT_USER, "--create-home", "--shell", "/bin/bash")
@@ -245,12 +246,24 @@ def _prepare_host(i: int, clean: bool) -> list[str]:
     """Per-host directories and the nspawn command line."""
     hdir = _host_dir(i)
     hdir.mkdir(parents=True, exist_ok=True)
+    name = host_name(i)
     _write_if_changed(hdir / "sshd.conf", _sshd_conf(i), 0o644)
+    # The machine's /etc would make every host "vm" with one machine id (journals of
+    # all hosts would claim to be the same machine).
+    _write_if_changed(hdir / "hostname", f"{name}\n", 0o644)
+    machine_id = hashlib.sha256(f"vigil-lab/{name}".encode()).hexdigest()[:32]
+    _write_if_changed(hdir / "machine-id", f"{machine_id}\n", 0o444)
+    # The machine's root .bashrc runs pyenv init, which writes to the read-only /root
+    # and prints an error on every SSH command: production hosts have no such noise.
+    _write_if_changed(hdir / "bashrc", "# ~/.bashrc of a lab host (lab/hosts.py)\n", 0o644)
     binds = [
         "--bind-ro=/etc",
         "--bind-ro=/root",
         "--bind-ro=/home",
         f"--bind-ro={hdir / 'sshd.conf'}:{SSHD_FRAGMENT}",
+        f"--bind-ro={hdir / 'hostname'}:/etc/hostname",
+        f"--bind-ro={hdir / 'machine-id'}:/etc/machine-id",
+        f"--bind-ro={hdir / 'bashrc'}:/root/.bashrc",
         f"--bind-ro={lab_dir() / 'ssh' / 'authorized_keys'}",
         f"--bind-ro={models_dir()}:/srv/models",
         f"--bind={lab_dir() / 'pip-cache'}:{PIP_CACHE}",
@@ -335,7 +348,7 @@ def _log_tail(i: int, lines: int = 15) -> str:
         text = log_path(i).read_text(errors="replace")
     except OSError:
         return "(no log)"
-    return "\n    ".join(text.splitlines()[-lines:])
+    return "\n    ".join(text.splitlines()[-lines:]) or "(empty)"
 
 
 def connect(i: int, user: str = "root", timeout: float = 5.0) -> paramiko.SSHClient:
@@ -381,6 +394,8 @@ def _wait_ready(i: int, pid: int, deadline: float) -> list[str]:
     last = "sshd not listening yet"
     while time.monotonic() < deadline:
         if _read_pid(i) != pid:
+            time.sleep(0.3)  # its last words may still be on their way to the log
+            _pid_file(i).unlink(missing_ok=True)
             raise HostError(
                 name,
                 f"systemd-nspawn exited during boot; log {log_path(i)}:\n    {_log_tail(i)}",
@@ -412,6 +427,19 @@ def _wait_ready(i: int, pid: int, deadline: float) -> list[str]:
 # --- the lab ------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _locked() -> Iterator[None]:
+    # Two callers at once (two pytest workers, a test run and `invoke lab.up`) must not
+    # boot the same host twice: the second one waits, then finds it running.
+    lab_dir().mkdir(parents=True, exist_ok=True)
+    with open(lab_dir() / "lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 def _running() -> dict[int, int]:
     hosts = lab_dir() / "hosts"
     found: dict[int, int] = {}
@@ -435,6 +463,11 @@ def up(n: int = 1, *, timeout: float = 120.0, clean: bool = True) -> list[HostSt
     """
     if not 1 <= n <= 99:
         raise ConfigError(f"--hosts {n}: between 1 and 99 lab hosts", key="hosts")
+    with _locked():
+        return _up(n, timeout, clean)
+
+
+def _up(n: int, timeout: float, clean: bool) -> list[HostStatus]:
     prepare_machine()
     running = _running()
     wanted = range(1, n + 1)
@@ -512,6 +545,11 @@ def down(names: Iterable[str] | None = None, *, timeout: float = 30.0) -> list[s
 
     The fragment is removed once no lab host runs, else it lists the ones left.
     """
+    with _locked():
+        return _down(names, timeout)
+
+
+def _down(names: Iterable[str] | None, timeout: float) -> list[str]:
     running = _running()
     if names is not None:
         wanted = set(names)

@@ -102,8 +102,8 @@ def train_bpe(corpus: tuple[str, ...], vocab_size: int) -> tuple[dict[str, int],
     while len(vocab) < vocab_size:
         pairs: Counter[tuple[str, str]] = Counter()
         for word, count in words.items():
-            for a, b in itertools.pairwise(word):
-                pairs[(a, b)] += count
+            for left, right in itertools.pairwise(word):
+                pairs[(left, right)] += count
         if not pairs:
             break  # every word is one token: the corpus is exhausted
         # Most frequent, ties broken by the pair itself: independent of dict order.

@@ -2,7 +2,8 @@
 
 Import it in conftest.py (``from tests.lab_fixtures import lab_hosts``). Hosts that
 were already running stay running afterwards; hosts this session booted are powered
-off at its end, so a developer's own lab is never taken away by a test run.
+off at its end, so a developer's own lab is never taken away by a test run (under
+pytest-xdist they stay up: `invoke lab.down` ends them).
 """
 
 from __future__ import annotations
@@ -25,5 +26,6 @@ def lab_hosts() -> Iterator[list[hosts.HostStatus]]:
     started = hosts.up(LAB_HOSTS)
     yield started[:LAB_HOSTS]
     ours = [h.name for h in started if h.name not in before]
-    if ours:
+    # Under pytest-xdist another worker may still use them: leave them up there.
+    if ours and not os.environ.get("PYTEST_XDIST_WORKER"):
         hosts.down(ours)

@@ -43,8 +43,11 @@ def test_tiny_model_safetensors_matches_config(tmp_path: Path) -> None:
     head_dim = h // config["num_attention_heads"]
     assert head_dim == 64  # the CPU backend fails at the first request with smaller heads
     kv = config["num_key_value_heads"] * head_dim
-    expect = {"model.embed_tokens.weight": [vocab, h], "model.norm.weight": [h],
-              "lm_head.weight": [vocab, h]}
+    expect = {
+        "model.embed_tokens.weight": [vocab, h],
+        "model.norm.weight": [h],
+        "lm_head.weight": [vocab, h],
+    }
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
         expect |= {
@@ -62,8 +65,9 @@ def test_tiny_model_safetensors_matches_config(tmp_path: Path) -> None:
     # Offsets tile the data section exactly, float32 (4 bytes) each.
     spans = sorted(tuple(v["data_offsets"]) for v in header.values())
     end = 0
-    for (start, stop), meta in zip(spans, sorted(header.values(), key=lambda v: v["data_offsets"]),
-                                   strict=True):
+    for (start, stop), meta in zip(
+        spans, sorted(header.values(), key=lambda v: v["data_offsets"]), strict=True
+    ):
         assert meta["dtype"] == "F32" and start == end
         count = 1
         for dim in meta["shape"]:
@@ -136,9 +140,15 @@ def test_ssh_checks_host_keys(lab_hosts: HostList) -> None:  # noqa: F811
     client = paramiko.SSHClient()
     client.set_missing_host_key_policy(paramiko.RejectPolicy())
     with pytest.raises(paramiko.SSHException, match="not found in known_hosts"):
-        client.connect("127.0.0.1", port=lab_hosts[0].port, username="root",
-                       key_filename=str(hosts.key_path()), look_for_keys=False,
-                       allow_agent=False, timeout=5)
+        client.connect(
+            "127.0.0.1",
+            port=lab_hosts[0].port,
+            username="root",
+            key_filename=str(hosts.key_path()),
+            look_for_keys=False,
+            allow_agent=False,
+            timeout=5,
+        )
     client.close()
 
 
@@ -153,15 +163,17 @@ def test_unit_runs_and_logs_to_journal(lab_hosts: HostList) -> None:  # noqa: F8
     for h in lab_hosts:
         i = int(h.name[3:])
         code, _, err = hosts.run(
-            i, f"cat > /etc/systemd/system/{unit} <<'EOF'\n{body}EOF\n"
+            i,
+            f"cat > /etc/systemd/system/{unit} <<'EOF'\n{body}EOF\n"
             f"systemctl daemon-reload && systemctl start {unit} && systemctl is-active {unit}",
         )
         assert code == 0, err
         code, out, err = hosts.run(i, f"journalctl -u {unit} --no-pager -o cat")
         assert code == 0, err
         assert f"hello from {marker}" in out
-        hosts.run(i, f"systemctl stop {unit}; rm -f /etc/systemd/system/{unit}; "
-                     "systemctl daemon-reload")
+        hosts.run(
+            i, f"systemctl stop {unit}; rm -f /etc/systemd/system/{unit}; systemctl daemon-reload"
+        )
 
 
 @pytest.mark.lab
