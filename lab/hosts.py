@@ -9,6 +9,7 @@ production, in per-host directories of the lab state bound into the host:
     /opt/vigil  /var/cache/vigil                      kept: an installed vLLM is 3.5 GB,
                                                       a warm compile cache is the point
     /srv/models (ro)  /opt/wheels (ro)  /root/.cache/pip (shared, writable)
+    /tmp                                              on disk, emptied at every boot
 
 Lab state lives in ``/var/lib/vigil-lab`` (env ``VIGIL_LAB_DIR``). Host keys are the
 machine's (the containers see its /etc/ssh), so ``known_hosts`` is exact and host key
@@ -270,6 +271,14 @@ def _prepare_host(i: int, clean: bool) -> list[str]:
     ]
     if WHEELS.is_dir():
         binds.append(f"--bind-ro={WHEELS}")
+    # /tmp on disk as on a Debian host, not nspawn's tmpfs of 10% of RAM: pip unpacks
+    # the vLLM wheels there. Emptied at every boot, as a reboot does.
+    tmp = hdir / "tmp"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    tmp.chmod(0o1777)
+    binds.append(f"--bind={tmp}:/tmp")
     for inside, name, fresh in _HOST_DIRS:
         d = hdir / name
         if fresh and clean and d.exists():

@@ -182,7 +182,7 @@ def test_host_layout(lab_hosts: HostList) -> None:  # noqa: F811
     code, out, err = hosts.run(
         i,
         "set -e; id -u vllm; test -f /srv/models/tiny-llama/config.json; "
-        "for d in /etc/vigil /var/lib/vigil /opt/vigil /var/cache/vigil /root/.cache/pip; "
+        "for d in /etc/vigil /var/lib/vigil /opt/vigil /var/cache/vigil /root/.cache/pip /tmp; "
         "do touch $d/.w && rm $d/.w; done; "
         "! touch /srv/models/.w 2>/dev/null; echo ok",
     )
