@@ -171,7 +171,55 @@ class ModelProfile(Strict):
 
 
 class Stack(Strict):
-    """A pinned runtime: exact versions, what to remove, where wheels come from."""
+    """A pinned runtime: exact versions, what to remove, where wheels come from, and the
+    rules that must hold between installed packages (checked by ``vigil.stacks``)."""
+
+    class Requires(Strict):
+        """``package`` (at ``version``, or at any version) needs each of ``needs``."""
+
+        package: str
+        version: str | None = None
+        needs: dict[str, str] = Field(min_length=1, description="name -> '==2.10.0', '>=2.9'")
+
+        @model_validator(mode="after")
+        def _valid(self) -> Stack.Requires:
+            from packaging.specifiers import InvalidSpecifier, SpecifierSet
+            from packaging.version import InvalidVersion, Version
+
+            for name in (self.package, *self.needs):
+                if not _PKG_NAME.match(name):
+                    raise ValueError(f"{name!r} is not a package name")
+            if self.version is not None:
+                try:
+                    Version(self.version)
+                except InvalidVersion:
+                    raise ValueError(f"{self.package}: {self.version!r} is not a version") from None
+            for name, spec in self.needs.items():
+                try:
+                    SpecifierSet(spec if spec[:1] in "=<>!~" else f"=={spec}")
+                except InvalidSpecifier:
+                    raise ValueError(
+                        f"needs.{name}: {spec!r} is not a version specifier "
+                        "(write e.g. '==2.10.0' or '>=2.9,<2.11')"
+                    ) from None
+            return self
+
+    class Rules(Strict):
+        same_version: list[list[str]] = Field(
+            default_factory=list, description="groups whose public versions must be equal"
+        )
+        requires: list[Stack.Requires] = Field(default_factory=list)
+
+        @field_validator("same_version")
+        @classmethod
+        def _groups(cls, v: list[list[str]]) -> list[list[str]]:
+            for group in v:
+                if len(group) < 2:
+                    raise ValueError(f"a same_version group needs two packages or more: {group}")
+                for name in group:
+                    if not _PKG_NAME.match(name):
+                        raise ValueError(f"{name!r} is not a package name")
+            return v
 
     name: SafeText
     description: SafeText = ""
@@ -181,6 +229,9 @@ class Stack(Strict):
     index_url: SafeText | None = None
     extra_index_urls: list[SafeText] = Field(default_factory=list)
     find_links: list[SafeText] = Field(default_factory=list)
+    # Rules change what is verified, not what is installed: kept out of model_dump so
+    # they do not change the stack's content hash (and with it the environment directory).
+    rules: Stack.Rules = Field(default_factory=lambda: Stack.Rules(), exclude=True)
 
     @field_validator("packages")
     @classmethod
@@ -205,6 +256,19 @@ class Stack(Strict):
             if not _PKG_NAME.match(name):
                 raise ValueError(f"{name!r} is not a package name")
         return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Stack:
+        # A stack whose own pins break its rules could never pass verification.
+        from vigil.stacks import check_rules
+
+        broken = check_rules(self, self.packages)
+        if broken:
+            f = broken[0]
+            raise ValueError(
+                f"the pins break rule {f.rule}: {f.package} {f.version} ({f.expected})"
+            )
+        return self
 
 
 class Group(Strict):
