@@ -1,0 +1,251 @@
+"""What a verify shows: a live view on a terminal, plain lines in a pipeline, JSON, JUnit.
+
+Plain output prints a line when something a reader cares about changes (the phase, the
+verdict, which signals count as progress) plus a heartbeat a minute, never one per poll.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import threading
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from vigil import reducer
+from vigil.budgets import Budgets
+from vigil.errors import ConfigError
+from vigil.snapshot import Snapshot
+from vigil.watch import Outcome
+
+HEARTBEAT_S = 60.0
+
+
+def _label(state: reducer.WatchState) -> str:
+    return state.verdict if state.verdict in reducer.TERMINAL else state.phase
+
+
+@dataclass
+class _Seen:
+    label: str = ""
+    verdict: str | None = None
+    progress: str = "?"
+    printed_at: float = 0.0
+
+
+class Reporter:
+    """Receives every poll of every host (from their threads) and shows it."""
+
+    def __init__(self, stream: TextIO | None = None, *, live: bool | None = None,
+                 clock: Any = time.monotonic) -> None:
+        self.stream = stream or sys.stdout
+        self.live = self.stream.isatty() if live is None else live
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._seen: dict[str, _Seen] = {}
+        self._rows: dict[str, tuple[str, str, str]] = {}
+        self._live: Live | None = None
+
+    # -- lifecycle --
+    def __enter__(self) -> Reporter:
+        if self.live:
+            self._live = Live(self._table(), console=Console(file=self.stream),
+                              refresh_per_second=4, transient=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.update(self._table())
+            self._live.__exit__(None, None, None)
+            self._live = None
+
+    # -- events --
+    def note(self, host: str, message: str) -> None:
+        with self._lock:
+            if self._live is not None:
+                self._live.console.print(f"{host}: {message}")
+            else:
+                self._line(host, message)
+
+    def poll(self, host: str, state: reducer.WatchState, snap: Snapshot,
+             budgets: Budgets) -> None:
+        with self._lock:
+            line = line_for(state)
+            if self._live is not None:
+                self._rows[host] = (_label(state), state.verdict or "", line)
+                self._live.update(self._table())
+                return
+            seen = self._seen.setdefault(host, _Seen())
+            progress = ", ".join(state.evidence.progress) or "none"
+            now = self.clock()
+            if (_label(state) != seen.label or state.verdict != seen.verdict
+                    or progress != seen.progress or now - seen.printed_at >= HEARTBEAT_S):
+                text = line
+                if state.verdict == "slow" and seen.verdict != "slow" and state.warnings:
+                    text += f" [slow: {state.warnings[-1]}]"
+                self._line(host, f"{text}  (progress: {progress})")
+                seen.label, seen.verdict, seen.progress = _label(state), state.verdict, progress
+                seen.printed_at = now
+
+    def _line(self, host: str, message: str) -> None:
+        stamp = time.strftime("%H:%M:%S")
+        self.stream.write(f"{stamp} {host:<8} {message}\n")
+        self.stream.flush()
+
+    def _table(self) -> Table:
+        table = Table(expand=True)
+        table.add_column("host", no_wrap=True)
+        table.add_column("phase", no_wrap=True)
+        table.add_column("verdict", no_wrap=True)
+        table.add_column("evidence")
+        for host in sorted(self._rows):
+            phase, verdict, line = self._rows[host]
+            table.add_row(host, phase, verdict, line)
+        return table
+
+
+def line_for(state: reducer.WatchState) -> str:
+    """The evidence line, with the verdict in front once there is one."""
+    if state.verdict in reducer.TERMINAL:
+        head = state.verdict or ""
+        if state.cause:
+            head += f" ({state.cause})"
+        return f"{head}: {state.summary}"
+    return state.summary or state.phase
+
+
+# -- JSON ---------------------------------------------------------------------------
+
+
+def _budgets_json(o: Outcome) -> dict[str, Any] | None:
+    if o.plan is None or o.key is None:
+        return None
+    b = o.plan.budgets
+    return {
+        "level": o.plan.level,
+        "samples": o.plan.n_samples,
+        "key": {"hardware": o.key.hardware, "gpu_kind": o.key.gpu_kind, "model": o.key.model,
+                "config_hash": o.key.config_hash, "stack": o.key.stack, "cache": o.key.cache},
+        "hard_cap_s": round(b.hard_cap_s, 1),
+        "phases": {
+            p: {"budget_s": round(b.budget(p), 1), "stall_s": round(b.stall(p), 1),
+                "source": o.plan.source.get(p, "prior")}
+            for p in reducer.PHASES[:-1]
+        },
+    }
+
+
+def outcome_json(o: Outcome) -> dict[str, Any]:
+    rep: dict[str, Any] = dict(reducer.report(o.state)) if o.state is not None else {
+        "verdict": None, "cause": None, "proof": None, "remedy": None, "phase": None,
+        "phases": [], "evidence": None, "warnings": [], "quiet_s": {}}
+    probe = sorted(o.probe_s)
+    rep.update({
+        "host": o.host,
+        "exit_code": o.exit_code,
+        "error": o.error,
+        "budgets": _budgets_json(o),
+        "smoke": o.smoke.model_dump() if o.smoke is not None else None,
+        "trace": o.trace,
+        "recorded": o.record is not None,
+        "observed_start": o.observed_start,
+        "polls": o.state.polls if o.state is not None else 0,
+        "probe_s": {"n": len(probe), "median": round(statistics.median(probe), 3),
+                    "max": round(probe[-1], 3)} if probe else None,
+        "round_trips": o.round_trips,
+        "seconds": o.seconds,
+    })
+    return rep
+
+
+def run_json(outcomes: list[Outcome], exit_code: int) -> dict[str, Any]:
+    return {"ok": exit_code == 0, "exit_code": exit_code,
+            "hosts": {o.host: outcome_json(o) for o in outcomes}}
+
+
+# -- JUnit --------------------------------------------------------------------------
+
+
+def junit_xml(outcomes: list[Outcome]) -> str:
+    """One test case per host; a non-ready verdict is a failure, a lost host an error."""
+    failures = sum(1 for o in outcomes if o.error is None and o.verdict != "ready")
+    errors = sum(1 for o in outcomes if o.error is not None)
+    total = sum(o.seconds for o in outcomes)
+    suites = ET.Element("testsuites")
+    suite = ET.SubElement(suites, "testsuite", name="vigil.verify", tests=str(len(outcomes)),
+                          failures=str(failures), errors=str(errors), time=f"{total:.2f}")
+    for o in outcomes:
+        case = ET.SubElement(suite, "testcase", classname="vigil.verify", name=o.host,
+                             time=f"{o.seconds:.2f}")
+        if o.error is not None:
+            el = ET.SubElement(case, "error", message=o.error.splitlines()[0], type="error")
+            el.text = o.error
+        elif o.verdict != "ready" and o.state is not None:
+            st = o.state
+            msg = f"{st.verdict}: {st.cause or '-'} — {st.remedy or ''}".strip()
+            el = ET.SubElement(case, "failure", message=msg, type=st.verdict or "unknown")
+            el.text = "\n".join(x for x in (st.proof, st.summary) if x)
+        out = ET.SubElement(case, "system-out")
+        out.text = line_for(o.state) if o.state is not None else ""
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, "unicode") + "\n"
+
+
+def write_junit(path: str, outcomes: list[Outcome]) -> None:
+    target = Path(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_text(junit_xml(outcomes))
+        tmp.replace(target)
+    except OSError as exc:
+        raise ConfigError(f"cannot write: {exc.strerror}", file=path) from None
+
+
+def summary(outcomes: list[Outcome]) -> str:
+    width = max([8, *(len(o.host) for o in outcomes)])
+    lines = [f"{'HOST':<{width}}  {'VERDICT':<10} {'TIME':>8}  DETAIL"]
+    for o in outcomes:
+        if o.error is not None or o.state is None:
+            verdict, detail = "error", (o.error or "").splitlines()[0] if o.error else ""
+        else:
+            verdict = o.state.verdict or "?"
+            detail = o.state.proof or ""
+            if o.state.cause:
+                detail = f"{o.state.cause}: {detail}"
+            if o.state.remedy:
+                detail += f"\n{'':<{width + 22}}fix: {o.state.remedy}"
+            if o.smoke is not None and o.smoke.ok:
+                detail += (f" (TTFT {o.smoke.ttft_s or 0:.2f} s, "
+                           f"{o.smoke.tokens_per_s or 0:.1f} tok/s)")
+        lines.append(f"{o.host:<{width}}  {verdict:<10} {o.seconds:>7.1f}s  {detail}")
+    return "\n".join(lines)
+
+
+def history_table(records: list[Any]) -> str:
+    """`invoke history`: one line per past start."""
+    if not records:
+        return "no recorded starts (run `invoke verify` or `invoke deploy`)"
+    phases = [p for p in reducer.PHASES[:-1]
+              if any(p in r.phases_s for r in records)]
+    short = {"bootstrap": "boot", "engine_init": "engine", "distributed_init": "dist",
+             "loading_weights": "load", "compiling": "compile", "kv_cache": "kv",
+             "capturing_graphs": "graphs", "api_starting": "api"}
+    head = f"{'WHEN (UTC)':<17} {'HOST':<8} {'MODEL':<14} {'CACHE':<5} {'VERDICT':<10}" \
+        + "".join(f"{short.get(p, p):>8}" for p in phases) + f"{'TOTAL':>8}  CAUSE"
+    lines = [head]
+    for r in records:
+        when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(r.started_at))
+        cols = "".join(f"{r.phases_s[p]:>8.1f}" if p in r.phases_s else f"{'-':>8}"
+                       for p in phases)
+        lines.append(f"{when:<17} {r.host:<8} {r.key.model[:14]:<14} {r.key.cache:<5} "
+                     f"{r.verdict:<10}{cols}{r.total_s:>8.1f}  {r.cause or ''}")
+    return "\n".join(lines)

@@ -1,0 +1,352 @@
+"""The watcher: poll a starting vLLM service, fold snapshots through the reducer, say why.
+
+Per host and poll: ONE round trip runs the stdlib probe on the host and returns a
+snapshot; the pure reducer folds it in. Once `/health` answers 200 the watcher sends a
+real completion (smoke) in one more round trip and attaches its result to that
+snapshot, so a trace replays to the same verdict. It stops at a terminal verdict.
+
+Clock and sleep are injected (httpx-style) so the loop runs in tests at replay speed.
+The reducer itself only ever sees the host's clock (snapshot times).
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from functools import cache
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+from vigil import history, reducer, smoke
+from vigil.budgets import MIN_SAMPLES, BudgetKey, BudgetPlan, Budgets, HistoryRecord, plan_budgets
+from vigil.errors import HostError, VigilError
+from vigil.snapshot import Smoke, Snapshot
+from vigil.transport import Transport, connect, privileged
+
+if TYPE_CHECKING:  # deploy imports this module
+    from vigil.deploy import Target
+
+Clock = Callable[[], float]
+Sleep = Callable[[float], None]
+
+VERDICT_EXIT = {"ready": 0, "crashed": 3, "stalled": 4, "timed_out": 5}
+
+
+@cache
+def probe_source() -> str:
+    return (Path(__file__).resolve().parent / "probe.py").read_text()
+
+
+@dataclass(frozen=True)
+class Settings:
+    poll_s: float = 5.0
+    probe_timeout_s: float = 60.0
+    smoke_timeout_s: float = 120.0
+    max_probe_failures: int = 3  # consecutive failed probes before the host counts as lost
+    max_lines: int = 2000
+    # Override every phase's stall window (seconds): for tests and impatient pipelines.
+    stall_s: float | None = None
+    # Successful starts needed before a key level's budgets come from history.
+    min_samples: int = MIN_SAMPLES
+
+
+@dataclass(frozen=True)
+class ProbeTarget:
+    """What the probe and the smoke need to know about one service."""
+
+    unit: str
+    port: int
+    user: str
+    cache_dir: str  # the service's VLLM_CACHE_ROOT
+    python: str  # the service environment's python (NVML importable there)
+    model: str  # served model name, for the smoke
+    api_key: str | None = None
+    max_lines: int = 2000
+
+    def cache_dirs(self) -> tuple[str, str]:
+        return self.cache_dir, f"/tmp/torchinductor_{self.user}"
+
+
+def probe_argv(t: ProbeTarget, cursor: str | None) -> list[str]:
+    argv = ["--unit", f"{t.unit}.service" if "." not in t.unit else t.unit,
+            "--max-lines", str(t.max_lines), "--port", str(t.port), "--user", t.user]
+    for d in t.cache_dirs():
+        argv += ["--cache-dir", d]
+    if cursor:
+        argv += ["--cursor", cursor]
+    return argv
+
+
+def probe_command(t: ProbeTarget, cursor: str | None) -> str:
+    """Run the probe with the service's python when it is there, else the system's."""
+    args = " ".join(shlex.quote(a) for a in probe_argv(t, cursor))
+    py = shlex.quote(t.python)
+    return f'P={py}; [ -x "$P" ] || P=python3; "$P" - {args}'
+
+
+def parse_probe(stdout: str) -> Snapshot:
+    line = next((ln for ln in reversed(stdout.splitlines()) if ln.strip().startswith("{")), "")
+    if not line:
+        raise ValueError("the probe printed no snapshot")
+    return Snapshot.from_json(line)
+
+
+@dataclass
+class Poller:
+    """The two round trips of a watch, over one transport."""
+
+    transport: Transport
+    target: ProbeTarget
+    privileged: Callable[[str], str] = lambda c: c
+    settings: Settings = field(default_factory=Settings)
+    probe_s: list[float] = field(default_factory=list)  # wall time per probe round trip
+
+    def probe(self, cursor: str | None) -> Snapshot:
+        command = self.privileged(probe_command(self.target, cursor))
+        t0 = time.monotonic()
+        res = self.transport.run(command, stdin=probe_source(),
+                                 timeout=self.settings.probe_timeout_s)
+        self.probe_s.append(time.monotonic() - t0)
+        if res.exit_status != 0:
+            tail = (res.stderr.strip().splitlines() or [f"exit {res.exit_status}"])[-1]
+            raise ValueError(f"probe failed: {tail[:300]}")
+        return parse_probe(res.stdout)
+
+    def smoke(self) -> Smoke:
+        t = self.target
+        command = self.privileged(smoke.command())
+        payload = smoke.payload(t.model, t.port, t.api_key,
+                                timeout=self.settings.smoke_timeout_s)
+        try:
+            res = self.transport.run(command, stdin=payload,
+                                     timeout=self.settings.smoke_timeout_s + 30)
+        except HostError as exc:
+            return Smoke(ok=False, error=f"smoke did not finish: {exc.message}")
+        return smoke.parse(res.stdout, res.stderr, res.exit_status)
+
+
+ProbeFn = Callable[[str | None], Snapshot]
+SmokeFn = Callable[[], Smoke]
+OnPoll = Callable[[reducer.WatchState, Snapshot], None]
+
+
+def _health_ok(state: reducer.WatchState, snap: Snapshot) -> bool:
+    return state.health_ok or (snap.http is not None and snap.http.health_status == 200)
+
+
+def watch(
+    probe: ProbeFn,
+    run_smoke: SmokeFn,
+    budgets: Budgets,
+    *,
+    poll_s: float = 5.0,
+    first: Snapshot | None = None,
+    clock: Clock = time.monotonic,
+    sleep: Sleep = time.sleep,
+    on_poll: OnPoll | None = None,
+    trace: IO[str] | None = None,
+    max_failures: int = 3,
+    host: str = "",
+) -> reducer.WatchState:
+    """Poll until a terminal verdict. `first` is a snapshot already taken (the shell
+    takes one before planning budgets: the cache it shows decides cold or warm)."""
+    state = reducer.initial()
+    cursor: str | None = None
+    failures = 0
+    snap = first
+    while True:
+        started = clock()
+        if snap is None:
+            try:
+                snap = probe(cursor)
+                failures = 0
+            except (ValueError, HostError) as exc:
+                failures += 1
+                if failures >= max_failures:
+                    raise HostError(host, f"{failures} probes in a row failed: {exc}",
+                                    fix="check that the host is reachable and has python3"
+                                    ) from None
+                sleep(poll_s)
+                continue
+        # The smoke rides on the snapshot that first showed /health 200 (and every one
+        # after until the verdict), so a replayed trace reaches the same verdict.
+        if state.verdict not in reducer.TERMINAL and _health_ok(state, snap):
+            snap = snap.model_copy(update={"smoke": run_smoke()})
+        state = reducer.step(state, snap, budgets)
+        if trace is not None:
+            trace.write(snap.to_json() + "\n")
+            trace.flush()
+        if on_poll is not None:
+            on_poll(state, snap)
+        if snap.journal.cursor:
+            cursor = snap.journal.cursor
+        if state.verdict in reducer.TERMINAL:
+            return state
+        more_waiting = snap.journal.truncated
+        snap = None
+        if not more_waiting:
+            sleep(max(poll_s - (clock() - started), 0.0))
+
+
+# -- one host, end to end --------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    host: str
+    state: reducer.WatchState | None = None
+    plan: BudgetPlan | None = None
+    key: BudgetKey | None = None
+    trace: str | None = None
+    record: HistoryRecord | None = None
+    observed_start: bool = False
+    error: str | None = None  # the host was lost or the input was bad: no verdict
+    exit_code: int = 0
+    probe_s: list[float] = field(default_factory=list)
+    round_trips: int = 0
+    seconds: float = 0.0
+
+    smoke: Smoke | None = None
+
+    @property
+    def verdict(self) -> str | None:
+        return self.state.verdict if self.state is not None else None
+
+
+def cache_state(first: Snapshot, cache_dir: str) -> str:
+    """Cold when the service's compile cache held no file as the watch began."""
+    if first.cache is None:
+        return "cold"
+    for d in first.cache.dirs:
+        if d.path.rstrip("/") == cache_dir.rstrip("/"):
+            return "warm" if d.files > 0 else "cold"
+    return "cold"
+
+
+def with_stall(b: Budgets, stall_s: float | None) -> Budgets:
+    if stall_s is None:
+        return b
+    return replace(b, stall_s={p: stall_s for p in reducer.PHASES})
+
+
+def trace_path(state_dir: Path, host: str, now: float | None = None) -> Path:
+    stamp = datetime.fromtimestamp(now if now is not None else time.time(), UTC)
+    return state_dir / "traces" / f"{host}-{stamp.strftime('%Y%m%dT%H%M%SZ')}.jsonl"
+
+
+def verify_target(
+    t: Target,
+    settings: Settings,
+    state_dir: Path,
+    *,
+    transport: Transport | None = None,
+    on_poll: Callable[[str, reducer.WatchState, Snapshot, Budgets], None] | None = None,
+    on_note: Callable[[str, str], None] | None = None,
+    clock: Clock = time.monotonic,
+    sleep: Sleep = time.sleep,
+) -> Outcome:
+    """Watch one deploy target's start: history in, budgets, watch, record, trace."""
+    out = Outcome(t.name)
+    t_start = clock()
+
+    def note(message: str) -> None:
+        if on_note is not None:
+            on_note(t.name, message)
+
+    own = transport is None
+    try:
+        if transport is None:
+            transport = connect(t.name, t.vars)
+        mirror = history.Mirror(state_dir / "history.sqlite")
+        cores, host_records = history.read_host(transport, t.vars)
+        added = mirror.add(host_records)
+        if added:
+            note(f"history: {added} record(s) from the host merged into the local mirror")
+        target = ProbeTarget(
+            unit=t.vars.service, port=t.vars.port, user=t.vars.service_user,
+            cache_dir=t.rendered.paths.cache, python=t.rendered.paths.python,
+            model=smoke.served_name(t.profile), api_key=t.rendered.env.get("VLLM_API_KEY"),
+            max_lines=settings.max_lines,
+        )
+        poller = Poller(transport, target, lambda c: privileged(c, t.vars), settings)
+        first = poller.probe(None)
+        unit = first.unit
+        if unit is not None and unit.error is None and unit.active_state == "inactive" \
+                and not unit.main_pid:
+            raise HostError(t.name, f"{unit.name} is not running (inactive); nothing to verify",
+                            fix=f"start it: invoke deploy --hosts {t.name} --restart")
+        out.observed_start = not (first.http is not None and first.http.health_status == 200)
+        cold_warm = cache_state(first, target.cache_dir)
+        key = history.budget_key(t.vars, t.profile, t.stack, t.rendered,
+                                 "warm" if cold_warm == "warm" else "cold", cores)
+        gpu_count = t.vars.gpu.count if t.vars.gpu is not None else 1
+        plan = plan_budgets(mirror.records(), key,
+                            weights_gib_per_gpu=t.profile.weights_gib_per_gpu,
+                            gpu_count=max(gpu_count, 1), min_samples=settings.min_samples)
+        budgets = with_stall(plan.budgets, settings.stall_s)
+        plan = replace(plan, budgets=budgets)
+        out.plan, out.key = plan, key
+        note(f"budgets: {plan.level} ({plan.n_samples} past starts), {key.cache} cache")
+        path = trace_path(state_dir, t.name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        out.trace = str(path)
+        smokes: list[Smoke] = []
+
+        def smoke_fn() -> Smoke:
+            s = poller.smoke()
+            smokes.append(s)
+            return s
+
+        def poll(state: reducer.WatchState, snap: Snapshot) -> None:
+            if on_poll is not None:
+                on_poll(t.name, state, snap, budgets)
+
+        with path.open("w", encoding="utf-8") as fh:
+            state = watch(poller.probe, smoke_fn, budgets, poll_s=settings.poll_s,
+                          first=first, clock=clock, sleep=sleep, on_poll=poll, trace=fh,
+                          max_failures=settings.max_probe_failures, host=t.name)
+        out.state = state
+        out.smoke = smokes[-1] if smokes else None
+        out.exit_code = VERDICT_EXIT.get(state.verdict or "", 1)
+        if out.observed_start and state.started_at is not None:
+            rec = HistoryRecord(
+                key=key, started_at=state.started_at, verdict=state.verdict or "unknown",
+                phases_s={k: round(v, 3) for k, v in reducer.phase_durations(state).items()},
+                total_s=round((state.now or state.started_at) - state.started_at, 3),
+                cause=state.cause, host=t.name,
+                quiet_s={k: round(v, 3) for k, v in state.quiet_s.items()},
+                weights_gib_per_gpu=t.profile.weights_gib_per_gpu, gpu_count=gpu_count,
+            )
+            history.append_host(transport, t.vars, rec)
+            mirror.add([rec])
+            out.record = rec
+        else:
+            note("the service was already serving when the watch began: checked, not "
+                 "recorded as a start")
+        out.probe_s = list(poller.probe_s)
+    except VigilError as exc:
+        out.error = str(exc)
+        out.exit_code = int(exc.exit_code)
+    except ValueError as exc:  # the probe's output was not a snapshot
+        out.error = f"{t.name}: {exc}"
+        out.exit_code = 1
+    finally:
+        if transport is not None:
+            out.round_trips = transport.round_trips
+            if own:
+                transport.close()
+        out.seconds = round(clock() - t_start, 2)
+    return out
+
+
+def worst_exit(outcomes: list[Outcome]) -> int:
+    """The run's exit code: bad input first, then the worst verdict (timed out > stalled >
+    crashed), then a lost host."""
+    codes = {o.exit_code for o in outcomes}
+    for code in (2, 5, 4, 3, 1):
+        if code in codes:
+            return code
+    return 0
