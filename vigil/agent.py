@@ -7,23 +7,26 @@ plan, ``serving`` is one poll of a starting service, ``rollback`` restores the l
 release. Python 3.8+ on purpose: it runs on the host's own python3.
 """
 
+import contextlib
 import json
 import os
 import pwd
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 Json = Dict[str, Any]
 
 PY_LIST = (
     "import json,importlib.metadata as m;"
-    "print(json.dumps({d.metadata['Name'].lower().replace('_','-'):d.version"
+    "print(json.dumps({d.metadata['Name'].lower().replace('_','-').replace('.','-'):d.version"
     " for d in m.distributions() if d.metadata['Name']}))"
 )
 RELEASE_FILES = ("unit", "env")
@@ -102,7 +105,204 @@ def model_facts(path: str) -> Json:
             }
         except ValueError:
             config = {"error": "config.json is not valid JSON"}
-    return {"kind": "path", "exists": True, "config": config}
+    return {"kind": "path", "exists": True, "config": config, "weights": weight_files(path)}
+
+
+def weight_files(path: str) -> Json:
+    """Shards the safetensors index lists and which of them are absent."""
+    names = os.listdir(path)
+    present = sorted(n for n in names if n.endswith((".safetensors", ".bin", ".pt")))
+    index = read_text(os.path.join(path, "model.safetensors.index.json"))
+    if not isinstance(index, str):
+        return {"index": False, "present": len(present), "missing": []}
+    try:
+        listed = sorted(set(json.loads(index).get("weight_map", {}).values()))
+    except (ValueError, AttributeError):
+        return {"index": True, "error": "model.safetensors.index.json is not valid JSON",
+                "present": len(present), "missing": []}
+    missing = [n for n in listed if not os.path.isfile(os.path.join(path, n))]
+    return {"index": True, "listed": len(listed), "present": len(present), "missing": missing}
+
+
+def env_in_use(paths: Dict[str, str]) -> str:
+    """The stack's environment the `current` link points to (a reinstall lives beside the
+    first build as ENV_DIR-rN), or the stack's first directory when it points elsewhere."""
+    base = paths["env_dir"]
+    current = paths["current"]
+    if os.path.islink(current):
+        target = os.readlink(current)
+        if target == base or re.match(re.escape(base) + r"-r\d+$", target):
+            return target
+    return base
+
+
+def env_dirs(root: str) -> List[List[Any]]:
+    """[path, mtime, complete] of every environment directory under `root`."""
+    out: List[List[Any]] = []
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return out
+    for name in names:
+        path = os.path.join(root, name)
+        if name.startswith(".") or os.path.islink(path) or not os.path.isdir(path):
+            continue
+        out.append([path, os.stat(path).st_mtime,
+                    os.path.exists(os.path.join(path, ".vigil-complete"))])
+    return out
+
+
+def service_pids(unit: str, main_pid: int) -> List[int]:
+    """Every process of the service: its cgroup (workers included) and the MainPID tree."""
+    pids: Set[int] = set()
+    for base in ("/sys/fs/cgroup/system.slice", "/sys/fs/cgroup/systemd/system.slice"):
+        text = read_text(os.path.join(base, unit + ".service", "cgroup.procs"))
+        if isinstance(text, str):
+            pids.update(int(p) for p in text.split() if p.isdigit())
+    if main_pid:
+        children: Dict[int, List[int]] = {}
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            stat = read_text("/proc/%s/stat" % name)
+            if isinstance(stat, str):
+                fields = stat.rsplit(")", 1)[-1].split()
+                if len(fields) > 1:
+                    children.setdefault(int(fields[1]), []).append(int(name))
+        todo = [main_pid]
+        seen = set()
+        while todo:
+            pid = todo.pop()
+            if pid in seen:
+                continue
+            seen.add(pid)
+            pids.add(pid)
+            todo.extend(children.get(pid, []))
+    return sorted(pids)
+
+
+def cmdline(pid: int) -> Optional[str]:
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    return raw.replace(b"\0", b" ").decode("utf-8", "replace").strip()
+
+
+def port_owners(port: int) -> Json:
+    """Who listens on `port`: LISTEN sockets in /proc/net/tcp{,6}, owners via /proc/*/fd.
+    A socket whose owner is not visible here (another PID namespace) still counts."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        text = read_text(table)
+        if not isinstance(text, str):
+            continue
+        for line in text.splitlines()[1:]:
+            parts = line.split()
+            if len(parts) > 9 and parts[3] == "0A" and \
+                    int(parts[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(parts[9])
+    owners = []
+    if inodes:
+        wanted = set("socket:[%s]" % i for i in inodes)
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                fds = os.listdir("/proc/%s/fd" % name)
+            except OSError:
+                continue
+            for fd in fds:
+                try:
+                    link = os.readlink("/proc/%s/fd/%s" % (name, fd))
+                except OSError:
+                    continue
+                if link in wanted:
+                    owners.append({"pid": int(name), "cmdline": cmdline(int(name))})
+                    break
+    return {"listening": bool(inodes), "owners": owners}
+
+
+NVML_SCRIPT = r"""
+import json
+try:
+    import pynvml as n
+except Exception as exc:
+    print(json.dumps({"error": "import pynvml: %s" % exc})); raise SystemExit(0)
+try:
+    n.nvmlInit()
+except Exception as exc:
+    print(json.dumps({"error": "nvmlInit: %s" % exc})); raise SystemExit(0)
+def text(v):
+    return v.decode() if isinstance(v, bytes) else v
+out = {"driver": text(n.nvmlSystemGetDriverVersion()), "gpus": []}
+for i in range(n.nvmlDeviceGetCount()):
+    h = n.nvmlDeviceGetHandleByIndex(i)
+    mem = n.nvmlDeviceGetMemoryInfo(h)
+    procs = n.nvmlDeviceGetComputeRunningProcesses(h)
+    out["gpus"].append({"index": i, "name": text(n.nvmlDeviceGetName(h)),
+                        "uuid": text(n.nvmlDeviceGetUUID(h)),
+                        "memory_total": mem.total, "memory_used": mem.used,
+                        "processes": [{"pid": p.pid, "used_memory": p.usedGpuMemory}
+                                      for p in procs]})
+print(json.dumps(out))
+"""
+SMI_GPUS = ["--query-gpu=index,name,uuid,memory.total,memory.used",
+            "--format=csv,noheader,nounits"]
+SMI_APPS = ["--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
+            "--format=csv,noheader,nounits"]
+
+
+def gpu_facts(python: str) -> Json:
+    """Raw GPU readings: NVML through the environment's python (nvidia-ml-py lives there),
+    else nvidia-smi's CSV; parsed on the controller (vigil/gpus.py)."""
+    out: Json = {"nvml": None, "nvml_error": None, "smi_gpus": None, "smi_apps": None}
+    if os.path.exists(python):
+        try:
+            proc = subprocess.run([python, "-c", NVML_SCRIPT], capture_output=True, text=True,
+                                  timeout=60)
+            reply = json.loads(proc.stdout) if proc.returncode == 0 else {
+                "error": proc.stderr.strip()[-300:]}
+        except (ValueError, subprocess.TimeoutExpired) as exc:
+            reply = {"error": str(exc)}
+        if "error" in reply:
+            out["nvml_error"] = reply["error"]
+        else:
+            out["nvml"] = reply
+    else:
+        out["nvml_error"] = "no environment python at %s" % python
+    pids: List[int] = []
+    if out["nvml"] is not None:
+        pids = [p["pid"] for g in out["nvml"]["gpus"] for p in g["processes"]]
+    else:
+        smi = shutil.which("nvidia-smi")
+        if smi:
+            for key, args in (("smi_gpus", SMI_GPUS), ("smi_apps", SMI_APPS)):
+                code, text = run([smi] + args, timeout=60)
+                out[key] = text if code == 0 else None
+                if code != 0:
+                    out["smi_error"] = text[-300:]
+            # only to look up command lines; vigil/gpus.py does the real parsing
+            for line in (out["smi_apps"] or "").splitlines():
+                fields = [f.strip() for f in line.split(",")]
+                if len(fields) > 1 and fields[1].isdigit():
+                    pids.append(int(fields[1]))
+    out["cmdlines"] = dict((str(p), cmdline(p)) for p in pids)
+    return out
+
+
+UV_CANDIDATES = ("/opt/vigil/bin/uv",)
+
+
+def find_uv() -> Optional[str]:
+    found = shutil.which("uv")
+    if found:
+        return found
+    for path in UV_CANDIDATES:
+        if os.access(path, os.X_OK):
+            return path
+    return None
 
 
 def writable(path: str) -> bool:
@@ -120,7 +320,8 @@ def facts(req: Json) -> Json:
     paths = req["paths"]
     files = {name: read_text(paths[name]) for name in RELEASE_FILES}
     current = paths["current"]
-    packages, env_error = installed_packages(paths["env_dir"])
+    env_dir = env_in_use(paths)
+    packages, env_error = installed_packages(env_dir)
     service = systemctl_show(req["unit"])
     health = None
     if service.get("ActiveState") == "active":
@@ -131,7 +332,9 @@ def facts(req: Json) -> Json:
     except KeyError:
         user_ok = False
     usage = shutil.disk_usage(_existing_parent(paths["env_dir"]))
-    return {
+    backup_link = read_text(os.path.join(paths["backup_dir"], "current"))
+    main_pid = int(service.get("MainPID") or 0)
+    reply = {
         "uid": os.getuid(),
         "files": files,
         "writable": {
@@ -140,16 +343,40 @@ def facts(req: Json) -> Json:
                               ("state", "backup_dir"))
         },
         "current": os.readlink(current) if os.path.islink(current) else None,
-        "env_complete": os.path.exists(os.path.join(paths["env_dir"], ".vigil-complete")),
+        "env_dir": env_dir,
+        "env_complete": os.path.exists(os.path.join(env_dir, ".vigil-complete")),
+        "envs": env_dirs(os.path.dirname(paths["env_dir"])),
+        "backup_env": backup_link if isinstance(backup_link, str) else None,
         "packages": packages,
         "env_error": env_error,
         "service": service,
+        "service_pids": service_pids(req["unit"], main_pid),
         "health": health,
         "service_user_exists": user_ok,
         "model": model_facts(req["model"]),
         "disk_free_bytes": usage.free,
         "backup": os.path.isdir(paths["backup_dir"]),
+        "port": port_owners(int(req["port"])),
+        "uv": find_uv(),
+        "gpus": gpu_facts(os.path.join(env_dir, "bin", "python")),
     }
+    return reply
+
+
+def packages(req: Json) -> Json:
+    """The drift check's one round trip: what the environment `current` points to holds."""
+    current = req["current"]
+    target = os.readlink(current) if os.path.islink(current) else None
+    if target is None:
+        return {"current": None, "packages": None,
+                "env_error": "no environment link %s" % current}
+    listed, err = installed_packages(target)
+    reply: Json = {"current": target, "packages": listed, "env_error": err,
+                   "complete": os.path.exists(os.path.join(target, ".vigil-complete"))}
+    if req.get("pip_check") and listed is not None:
+        reply["pip_check"] = run([os.path.join(target, "bin", "python"), "-m", "pip",
+                                  "--disable-pip-version-check", "check"], timeout=300)[1]
+    return reply
 
 
 def _existing_parent(path: str) -> str:
@@ -220,32 +447,66 @@ def tail(path: str, lines: int = 15) -> str:
 
 
 def install_env(action: Json) -> Json:
-    """Build the stack's environment in its own directory; never touch `current`."""
+    """Build the stack's environment in its own directory and check it; never touch
+    `current`. The controller judges the stack's rules on the reply and only then sends
+    `mark_env` (the `.vigil-complete` marker) and `switch_env`."""
     env_dir = action["env_dir"]
+    current = action.get("current")
+    if current and os.path.islink(current) and os.readlink(current) == env_dir:
+        return {"ok": False, "error": "refusing to rebuild %s: `current` points to it" % env_dir}
     log = env_dir + ".install.log"
-    if os.path.exists(env_dir) and not os.path.exists(os.path.join(env_dir, ".vigil-complete")):
-        shutil.rmtree(env_dir)  # a half-built environment from an interrupted install
+    if os.path.exists(env_dir):
+        shutil.rmtree(env_dir)  # a half-built or abandoned environment, never the live one
     os.makedirs(os.path.dirname(env_dir), exist_ok=True)
+    started = time.monotonic()
+    uv = find_uv() if action.get("installer", "auto") in ("auto", "uv") else None
+    if action.get("installer") == "uv" and uv is None:
+        return {"ok": False, "error": "installer uv requested but no uv on the host"}
+    python = os.path.join(env_dir, "bin", "python")
+    constraints = env_dir + ".constraints.txt"
+    write_atomic(constraints, "".join(r + "\n" for r in action["requirements"]), 0o644)
     with open(log, "w") as fh:
-        fh.write("vigil install %s\n" % time.strftime("%Y-%m-%dT%H:%M:%S"))
-    steps = [[action["python"], "-m", "venv", env_dir]]
-    pip = [os.path.join(env_dir, "bin", "python"), "-m", "pip", "--disable-pip-version-check"]
-    install = pip + ["install", "--no-input"]
+        fh.write("vigil install %s with %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                                uv or "pip"))
+    sources: List[str] = []
     for link in action.get("find_links", []):
-        install += ["--find-links", link]
+        sources += ["--find-links", link]
     if action.get("index_url"):
-        install += ["--index-url", action["index_url"]]
+        sources += ["--index-url", action["index_url"]]
     for url in action.get("extra_index_urls", []):
-        install += ["--extra-index-url", url]
-    steps.append(install + action["requirements"])
+        sources += ["--extra-index-url", url]
+    env = dict(os.environ)
+    cache = action.get("cache_dir")
+    pip = [python, "-m", "pip", "--disable-pip-version-check"]
+    if uv:
+        # /root may be read-only (lab hosts): keep uv's cache in vigil's cache directory
+        env["UV_CACHE_DIR"] = cache or env.get("UV_CACHE_DIR") or "/var/cache/vigil/uv"
+        env["UV_PYTHON_DOWNLOADS"] = "never"
+        steps = [
+            [uv, "venv", "--seed", "--python", action["python"], env_dir],
+            [uv, "pip", "install", "--python", python, "-c", constraints,
+             # pins are exact: any index may supply them (uv's default takes the first)
+             "--index-strategy", "unsafe-best-match"] + sources + action["requirements"],
+        ]
+        uninstall = [uv, "pip", "uninstall", "--python", python]
+    else:
+        if cache:
+            env["PIP_CACHE_DIR"] = cache
+        steps = [
+            [action["python"], "-m", "venv", env_dir],
+            pip + ["install", "--no-input", "-c", constraints] + sources
+            + action["requirements"],
+        ]
+        uninstall = pip + ["uninstall", "-y"]
     for cmd in steps:
-        code, _ = run(cmd, log=log)
+        code = run_logged(cmd, log, env)
         if code != 0:
             shutil.rmtree(env_dir, ignore_errors=True)
-            return {"ok": False, "error": "exit %d: %s" % (code, " ".join(cmd[:6])),
-                    "log": log, "tail": tail(log)}
+            return {"ok": False, "error": "exit %d: %s" % (code, " ".join(cmd[:7])),
+                    "log": log, "tail": tail(log), "installer": "uv" if uv else "pip"}
     if action.get("remove"):
-        code, _ = run(pip + ["uninstall", "-y"] + action["remove"], log=log)
+        run_logged(uninstall + action["remove"], log, env)
+    installed_s = time.monotonic() - started
     packages, err = installed_packages(env_dir)
     wrong = []
     for req in action["requirements"]:
@@ -256,14 +517,63 @@ def install_env(action: Json) -> Json:
     for name in action.get("remove", []):
         if (packages or {}).get(name.lower()):
             wrong.append("%s should be removed but is installed" % name)
-    code, out = run([os.path.join(env_dir, "bin", "python"), "-c", action["import_check"]],
-                    timeout=600)
+    code, out = run(pip + ["check"], timeout=300)
+    pip_check = out
+    code, out = run([python, "-c", action["import_check"]], timeout=600)
+    reply = {"ok": True, "log": log, "env_dir": env_dir, "packages": packages,
+             "pip_check": pip_check, "installer": "uv" if uv else "pip",
+             "install_seconds": round(installed_s, 1),
+             "seconds": round(time.monotonic() - started, 1)}
     if wrong or err or code != 0:
         shutil.rmtree(env_dir, ignore_errors=True)
-        detail = "; ".join(wrong) or err or out[-1500:]
-        return {"ok": False, "error": "environment check failed: %s" % detail, "log": log}
-    write_atomic(os.path.join(env_dir, ".vigil-complete"), json.dumps(packages), 0o644)
-    return {"ok": True, "log": log}
+        detail = "; ".join(wrong) or err or ("%s failed: %s" % (action["import_check"],
+                                                               out[-1500:]))
+        reply.update(ok=False, error="environment check failed: %s" % detail)
+    return reply
+
+
+def run_logged(cmd: List[str], log: str, env: Dict[str, str]) -> int:
+    with open(log, "a") as fh:
+        fh.write("$ %s\n" % " ".join(cmd))
+        fh.flush()
+        return subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env).returncode
+
+
+def remove_envs(action: Json, paths: Dict[str, str]) -> Json:
+    """Collect old environments; never the one `current` or the kept release points to."""
+    keep = set()
+    if os.path.islink(paths["current"]):
+        keep.add(os.readlink(paths["current"]))
+    backup = read_text(os.path.join(paths["backup_dir"], "current"))
+    if isinstance(backup, str):
+        keep.add(backup)
+    removed = []
+    for path in action["paths"]:
+        if path in keep or not path.startswith(os.path.dirname(paths["env_dir"]) + "/"):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        for extra in (".install.log", ".constraints.txt"):
+            if os.path.exists(path + extra):
+                os.unlink(path + extra)
+        removed.append(path)
+    return {"ok": True, "removed": removed}
+
+
+def kill_pids(action: Json) -> Json:
+    """End the stale GPU holders named by the controller: TERM, then KILL after 10 s."""
+    pids = [int(p) for p in action["pids"]]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    alive = pids
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.2)
+        alive = [p for p in alive if os.path.exists("/proc/%d" % p)]
+    for pid in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return {"ok": True, "killed": pids, "forced": alive}
 
 
 def apply(req: Json) -> Json:
@@ -278,8 +588,18 @@ def apply(req: Json) -> Json:
                 backup_release(paths)
                 res = {"ok": True}
             elif kind == "switch_env":
-                switch_link(paths["current"], paths["env_dir"])
+                switch_link(paths["current"], action.get("target") or paths["env_dir"])
                 res = {"ok": True}
+            elif kind == "mark_env":
+                write_atomic(os.path.join(action["env_dir"], ".vigil-complete"),
+                             json.dumps(action.get("packages")), 0o644)
+                res = {"ok": True}
+            elif kind == "discard_env":
+                res = remove_envs({"paths": [action["env_dir"]]}, paths)
+            elif kind == "remove_envs":
+                res = remove_envs(action, paths)
+            elif kind == "kill":
+                res = kill_pids(action)
             elif kind in ("write_unit", "write_env"):
                 key = "unit" if kind == "write_unit" else "env"
                 write_atomic(paths[key], action["content"], int(action["mode"], 8))
@@ -372,7 +692,7 @@ def status(req: Json) -> Json:
 
 
 VERBS: Dict[str, Any] = {"status": status, "facts": facts, "apply": apply, "rollback": rollback,
-         "serving": serving}
+         "serving": serving, "packages": packages}
 
 if __name__ == "__main__":
     request = json.loads(sys.stdin.read() or "{}")
