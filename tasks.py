@@ -266,6 +266,96 @@ def rollback(c: Context, hosts: str = "all", no_wait: bool = False) -> None:
         raise Exit(code=int(ExitCode.FAILED))
 
 
-ns = Collection(deploy, render, status, logs, rollback)
+def _watch_settings(c: Context, poll: float | None, stall: float | None) -> object:
+    from vigil.watch import Settings
+
+    cfg = c.config.vigil
+    poll_s = float(poll if poll is not None else cfg.get("poll_s", 5.0))
+    if poll_s <= 0 or (stall is not None and stall <= 0):
+        raise VigilError("--poll and --stall must be positive seconds", fix="e.g. --poll 5")
+    return Settings(poll_s=poll_s, stall_s=stall,
+                    min_samples=int(cfg.get("history_min_samples", 3)))
+
+
+@task(
+    help={
+        "hosts": HOSTS_HELP,
+        "model": "model profile; default: the host's `model`",
+        "json": "write verdicts, phases, budgets, evidence and smoke as JSON to this file",
+        "junit": "write a JUnit XML report (one test case per host) to this file",
+        "poll": "seconds between polls (default vigil.poll_s, 5)",
+        "stall": "override every phase's stall window, in seconds",
+    },
+)
+def verify(
+    c: Context,
+    hosts: str = "all",
+    model: str | None = None,
+    json: str | None = None,
+    junit: str | None = None,
+    poll: float | None = None,
+    stall: float | None = None,
+) -> None:
+    """Watch each host's vLLM start phase by phase: ready, stalled, crashed or timed out."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from vigil import verify_report, watch
+
+    with _errors():
+        settings = _watch_settings(c, poll, stall)
+        assert isinstance(settings, watch.Settings)
+        targets = deploy_mod.resolve(_inventory(c), hosts, model=model,
+                                     template_dir=_setting(c, "templates"))
+        state_dir = _setting(c, "state_dir")
+        with verify_report.Reporter() as rep, ThreadPoolExecutor(
+                max_workers=min(16, len(targets))) as pool:
+            outcomes = list(pool.map(lambda t: watch.verify_target(
+                t, settings, state_dir, on_poll=rep.poll, on_note=rep.note), targets))
+        code = watch.worst_exit(outcomes)
+        print(verify_report.summary(outcomes))
+        if json:
+            write_json(json, verify_report.run_json(outcomes, code))
+        if junit:
+            verify_report.write_junit(junit, outcomes)
+    if code:
+        raise Exit(code=code)
+
+
+@task(help={"model": "only this model profile", "hosts": HOSTS_HELP + " (default: every host)"})
+def history(c: Context, model: str | None = None, hosts: str | None = None) -> None:
+    """Past starts from the local mirror: phase durations, verdicts, cold/warm."""
+    from vigil import history as history_mod
+    from vigil import verify_report
+
+    with _errors():
+        names = _inventory(c).select(hosts) if hosts else None
+        mirror = history_mod.Mirror(_setting(c, "state_dir") / "history.sqlite")
+        print(verify_report.history_table(mirror.records(model=model, hosts=names)))
+
+
+@task(help={"json": "print the result as JSON"}, positional=["file"])
+def replay(c: Context, file: str, json: bool = False) -> None:
+    """Re-run the watcher on a recorded trace or a vLLM log: phases and verdict."""
+    import json as json_mod
+
+    from vigil import replay as replay_mod
+
+    with _errors():
+        out = replay_mod.replay_file(file)
+    if json:
+        print(json_mod.dumps(out, indent=2))
+        return
+    for ph in out["phases"]:
+        print(f"{ph['name']:<18} {ph['duration_s']:>9.1f} s")
+    line = f"verdict: {out['verdict'] or 'none'}"
+    if out.get("cause"):
+        line += f" ({out['cause']})"
+    print(line)
+    for key in ("proof", "remedy", "evidence", "note"):
+        if out.get(key):
+            print(f"{key}: {out[key]}")
+
+
+ns = Collection(deploy, render, status, logs, rollback, verify, history, replay)
 ns.add_collection(lab.tasks.ns)
 ns.configure({"vigil": {"inventory": "inventory", "templates": "templates", "state_dir": "state"}})
