@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vigil.errors import HostError
+from vigil.gpus import GpuFacts, GpuParseError, from_agent
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,17 @@ class HostFacts:
     model_config: dict[str, Any] | None
     disk_free_bytes: int
     has_backup: bool
+    # runtime and preflight (issue 3); defaults keep older agents' replies parseable
+    env_dir: str | None = None  # the stack's environment in use (ENV_DIR or ENV_DIR-rN)
+    envs: tuple[tuple[str, float, bool], ...] = ()  # (path, mtime, complete) under env_root
+    backup_env: str | None = None  # the environment the kept release points to
+    service_pids: tuple[int, ...] = ()
+    port_listening: bool = False
+    port_owners: tuple[tuple[int, str | None], ...] = ()  # (pid, command line)
+    uv: str | None = None
+    gpus: GpuFacts = field(default_factory=lambda: GpuFacts("none"))
+    gpu_cmdlines: dict[str, str | None] = field(default_factory=dict)
+    model_weights: dict[str, Any] = field(default_factory=dict)
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
@@ -71,6 +83,11 @@ def parse_facts(host: str, stdout: str) -> HostFacts:
     env = files.get("env")
     model = data.get("model") or {}
     health = data.get("health") or {}
+    port = data.get("port") or {}
+    try:
+        gpus = from_agent(data.get("gpus"))
+    except GpuParseError as exc:
+        raise HostError(host, f"cannot read its GPUs: {exc}") from None
     return HostFacts(
         uid=int(data["uid"]),
         unit_text=files.get("unit") if isinstance(files.get("unit"), str) else None,
@@ -88,5 +105,15 @@ def parse_facts(host: str, stdout: str) -> HostFacts:
         model_config=model.get("config"),
         disk_free_bytes=int(data.get("disk_free_bytes", 0)),
         has_backup=bool(data.get("backup")),
+        env_dir=data.get("env_dir"),
+        envs=tuple((str(e[0]), float(e[1]), bool(e[2])) for e in data.get("envs") or ()),
+        backup_env=data.get("backup_env"),
+        service_pids=tuple(int(p) for p in data.get("service_pids") or ()),
+        port_listening=bool(port.get("listening")),
+        port_owners=tuple((int(o["pid"]), o.get("cmdline")) for o in port.get("owners", ())),
+        uv=data.get("uv"),
+        gpus=gpus,
+        gpu_cmdlines=dict((data.get("gpus") or {}).get("cmdlines") or {}),
+        model_weights=dict(model.get("weights") or {}),
         raw=data,
     )
