@@ -295,11 +295,13 @@ def gpus(no_nvml: bool = False) -> Json | None:
 
 def walk_dir(path: str) -> Json:
     out: Json = {"path": path, "exists": os.path.isdir(path), "bytes": 0, "files": 0,
-                 "newest_mtime": None, "truncated": False, "error": None}
+                 "newest_mtime": None, "oldest_mtime": None, "truncated": False,
+                 "error": None}
     if not out["exists"]:
         return out
     seen = 0
     newest: float | None = None
+    oldest: float | None = None  # files older than the start: the cache was warm
     todo = [path]
     try:
         while todo:
@@ -324,11 +326,14 @@ def walk_dir(path: str) -> Json:
                         out["bytes"] += st.st_size
                         if newest is None or st.st_mtime > newest:
                             newest = st.st_mtime
+                        if oldest is None or st.st_mtime < oldest:
+                            oldest = st.st_mtime
                 except OSError:
                     continue  # a file vanished mid-walk: inductor renames temp files
     except Exception as exc:
         out["error"] = _err(exc)
     out["newest_mtime"] = newest
+    out["oldest_mtime"] = oldest
     return out
 
 

@@ -96,6 +96,7 @@ class CacheDir(_Value):
     bytes: int = 0
     files: int = 0
     newest_mtime: float | None = None
+    oldest_mtime: float | None = None  # with the unit's start time: cold or warm
     truncated: bool = False
     error: str | None = None
 

@@ -217,13 +217,21 @@ class Outcome:
 
 
 def cache_state(first: Snapshot, cache_dir: str) -> str:
-    """Cold when the service's compile cache held no file as the watch began."""
+    """Warm when the service's compile cache held files from before this start.
+
+    A file older than the unit's start was there when it began; with no start time
+    (or an older probe without `oldest_mtime`) any file at the first poll counts. This
+    stays right when the watch attaches to a start that is already compiling.
+    """
     if first.cache is None:
         return "cold"
-    for d in first.cache.dirs:
-        if d.path.rstrip("/") == cache_dir.rstrip("/"):
-            return "warm" if d.files > 0 else "cold"
-    return "cold"
+    d = next((d for d in first.cache.dirs if d.path.rstrip("/") == cache_dir.rstrip("/")), None)
+    if d is None or d.files == 0:
+        return "cold"
+    start = first.unit.exec_main_start_epoch if first.unit is not None else None
+    if start is None or d.oldest_mtime is None:
+        return "warm"
+    return "warm" if d.oldest_mtime < start else "cold"
 
 
 def with_stall(b: Budgets, stall_s: float | None) -> Budgets:
