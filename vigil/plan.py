@@ -15,12 +15,21 @@ from vigil.config import Stack
 from vigil.errors import RefusedError
 from vigil.facts import HostFacts
 from vigil.render import Rendered, mask_env_text
-from vigil.runtime import MIN_FREE_FOR_INSTALL, install_payload, runtime_differences
+from vigil.runtime import (
+    MIN_FREE_FOR_INSTALL,
+    collect,
+    in_use,
+    install_dir,
+    install_payload,
+    runtime_differences,
+)
 
 
 @dataclass(frozen=True)
 class Action:
-    kind: str  # install_env | backup | switch_env | write_env | write_unit | systemctl | restart
+    # install_env | backup | switch_env | remove_envs | write_env | write_unit | systemctl
+    # | kill | restart
+    kind: str
     reason: str
     payload: dict[str, Any] = field(default_factory=dict)
     diff: str = ""  # unified diff, secrets masked
@@ -111,25 +120,31 @@ def make_plan(
     facts: HostFacts,
     *,
     force_restart: bool = False,
+    reinstall: bool = False,
+    kill_pids: tuple[int, ...] = (),
 ) -> Plan:
     actions: list[Action] = []
     runtime = runtime_differences(stack, facts)
-    if runtime:
+    target = in_use(r.paths.env_dir, facts)
+    if runtime or reinstall:
         if facts.disk_free_bytes < MIN_FREE_FOR_INSTALL:
             raise RefusedError(
                 f"{host_name}: {facts.disk_free_bytes / 2**30:.1f} GiB free under "
                 f"{r.paths.env_dir}; an environment needs {MIN_FREE_FOR_INSTALL // 2**30} GiB",
                 fix="free disk space on the host",
             )
-        actions.append(Action("install_env", "; ".join(runtime),
-                              install_payload(stack, r.paths.env_dir)))
-    switch = facts.current_env != r.paths.env_dir
+        # built beside the live environment; switched only after it passed verification
+        target = install_dir(r.paths.env_dir, facts)
+        actions.append(Action("install_env", "; ".join(runtime) or "--reinstall",
+                              install_payload(stack, target, r.paths.current)))
+    switch = facts.current_env != target
     unit_changed = facts.unit_text != r.unit_text
     env_changed = facts.env_text != r.env_text
     writes: list[Action] = []
     if switch:
         writes.append(Action(
-            "switch_env", f"environment link {facts.current_env or '(none)'} -> {r.paths.env_dir}"
+            "switch_env", f"environment link {facts.current_env or '(none)'} -> {target}",
+            {"target": target},
         ))
     if env_changed:
         writes.append(Action(
@@ -148,6 +163,11 @@ def make_plan(
     if writes and existed:
         actions.append(Action("backup", "keep the running release for rollback"))
     actions += writes
+    if switch:
+        old = collect(facts, {target})
+        if old:
+            actions.append(Action("remove_envs", f"keep the newest environments: {len(old)} "
+                                  "old one(s) collected", {"paths": old}))
     unit = r.paths.unit.rsplit("/", 1)[1]
     if unit_changed:
         actions.append(Action("systemctl", "unit file changed", {"args": ["daemon-reload"]}))
@@ -162,6 +182,10 @@ def make_plan(
     elif not facts.service.running:
         reason = f"service is {facts.service.active_state or 'not loaded'}"
         restarts = True
+    if kill_pids:
+        actions.append(Action("kill", "--kill-stale: processes outside the service hold GPU "
+                              "memory: " + ", ".join(str(p) for p in kill_pids),
+                              {"pids": list(kill_pids)}))
     if restarts:
         actions.append(Action("restart", reason, {"unit": unit}))
     return Plan(host_name, tuple(actions), restarts)

@@ -1,33 +1,90 @@
-"""Runtime role: is the stack's environment installed as pinned, and how to install it."""
+"""Runtime role (pure): is the stack's environment installed as pinned and as its rules
+say, where a (re)install goes, what verifies it, and which old environments to collect.
+
+Environments live in ``{env_root}/{stack}-{hash}`` (first build) and ``...-rN`` (every
+rebuild beside a live one): a running service keeps its environment until the restart,
+and a build that fails verification never becomes ``current``.
+"""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from vigil.config import Stack
 from vigil.facts import HostFacts
+from vigil.stacks import Finding, check, pip_check_problems
 
 MIN_FREE_FOR_INSTALL = 10 * 2**30
+KEEP_ENVS = 3  # besides the ones `current` and the kept release point to
+
+
+def pip_for(env_dir: str) -> str:
+    return f"{env_dir}/bin/python -m pip"
+
+
+def findings(stack: Stack, facts: HostFacts, env_dir: str) -> list[Finding]:
+    if facts.packages is None:
+        return []
+    return check(stack, facts.packages, pip_for(facts.env_dir or env_dir))
 
 
 def runtime_differences(stack: Stack, facts: HostFacts) -> list[str]:
     if not facts.env_complete or facts.packages is None:
         return ["environment not installed" + (f" ({facts.env_error})" if facts.env_error else "")]
     diffs = []
-    for name, version in stack.packages.items():
-        have = facts.packages.get(name.lower().replace("_", "-"))
-        if have != version:
-            diffs.append(f"{name} {have or 'missing'} != {version}")
-    for name in stack.remove:
-        if name.lower() in facts.packages:
-            diffs.append(f"{name} {facts.packages[name.lower()]} installed, must be removed")
+    for f in check(stack, facts.packages):
+        if f.rule == "pin":
+            diffs.append(f"{f.package} {f.version or 'missing'} != {stack.packages[f.package]}")
+        elif f.rule == "remove":
+            diffs.append(f"{f.package} {f.version} installed, must be removed")
+        else:
+            diffs.append(f"{f.package} {f.version or 'missing'} breaks {f.rule}")
     return diffs
 
 
-def install_payload(stack: Stack, env_dir: str) -> dict[str, Any]:
+def _family(base: str, path: str) -> int | None:
+    """0 for the first build, N for ``base-rN``, None for another stack's directory."""
+    if path == base:
+        return 0
+    m = re.fullmatch(re.escape(base) + r"-r(\d+)", path)
+    return int(m.group(1)) if m else None
+
+
+def install_dir(base: str, facts: HostFacts) -> str:
+    """Where an install goes: the first directory while none of this stack exists, else a
+    fresh ``base-rN`` beside them (never over the environment a service may run)."""
+    taken = [n for n in (_family(base, p) for p, _, _ in facts.envs) if n is not None]
+    if facts.current_env is not None and _family(base, facts.current_env) is not None:
+        taken.append(_family(base, facts.current_env) or 0)
+    if not taken:
+        return base
+    return f"{base}-r{max(taken) + 1}"
+
+
+def in_use(base: str, facts: HostFacts) -> str:
+    """The stack's environment the host runs now (or would, once switched)."""
+    if facts.env_dir and _family(base, facts.env_dir) is not None:
+        return facts.env_dir
+    return base
+
+
+def collect(facts: HostFacts, keep_also: set[str], keep: int = KEEP_ENVS) -> list[str]:
+    """Old environments to delete: all but the ``keep`` newest, never one that ``current``
+    or the kept release points to, nor ``keep_also`` (the one being switched to)."""
+    protected = {p for p in (facts.current_env, facts.backup_env, *keep_also) if p}
+    others = sorted((e for e in facts.envs if e[0] not in protected),
+                    key=lambda e: e[1], reverse=True)
+    return [path for path, _, _ in others[keep:]]
+
+
+def install_payload(
+    stack: Stack, env_dir: str, current: str | None = None, installer: str = "auto"
+) -> dict[str, Any]:
     """What the host agent needs to build `env_dir` from `stack`."""
     return {
         "env_dir": env_dir,
+        "current": current,
         "python": stack.python,
         "requirements": [f"{n}=={v}" for n, v in stack.packages.items()],
         "remove": stack.remove,
@@ -35,4 +92,21 @@ def install_payload(stack: Stack, env_dir: str) -> dict[str, Any]:
         "index_url": stack.index_url,
         "extra_index_urls": stack.extra_index_urls,
         "import_check": "import vllm",
+        "installer": installer,
     }
+
+
+def verify_install(stack: Stack, reply: dict[str, Any]) -> list[str]:
+    """Everything wrong with a freshly built environment (the agent's install reply):
+    pins, removals, rules, ``pip check``, ``import vllm``. Empty: it may become current."""
+    problems: list[str] = []
+    if not reply.get("ok"):
+        problems.append(str(reply.get("error") or "install failed"))
+    packages = reply.get("packages")
+    env_dir = str(reply.get("env_dir") or "ENV")
+    if isinstance(packages, dict):
+        problems += [f.describe() for f in check(stack, packages, pip_for(env_dir))]
+    problems += [f"pip check: {line}" for line in
+                 pip_check_problems(str(reply.get("pip_check") or ""), stack)]
+    # the agent's own pin check repeats ours; say each problem once
+    return list(dict.fromkeys(problems))

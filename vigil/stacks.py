@@ -100,8 +100,8 @@ def check_rules(
                 found.append(Finding(name, have, rule, f"must be {target} like the others",
                                      _install(pip, f"{name}=={want}")))
     for req in stack.rules.requires:
-        have = installed.get(normalize(req.package))
-        if have is None or (req.version is not None and not _same(have, req.version)):
+        base = installed.get(normalize(req.package))
+        if base is None or (req.version is not None and not _same(base, req.version)):
             continue
         rule = f"requires({req.package} {req.version or '*'} -> " + ", ".join(
             f"{n}{s if s[:1] in '=<>!~' else '==' + s}" for n, s in req.needs.items()) + ")"
@@ -111,10 +111,10 @@ def check_rules(
             if need is None:
                 if missing_ok:
                     continue
-                found.append(Finding(name, None, rule, f"{req.package} {have} needs "
+                found.append(Finding(name, None, rule, f"{req.package} {base} needs "
                                      f"{name}{wanted}", _install(pip, f"{name}{wanted}")))
             elif not _spec(spec).contains(need, prereleases=True):
-                found.append(Finding(name, need, rule, f"{req.package} {have} needs "
+                found.append(Finding(name, need, rule, f"{req.package} {base} needs "
                                      f"{name}{wanted}", _install(pip, f"{name}{wanted}")))
     return found
 
