@@ -12,14 +12,14 @@ import socket
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from vigil.config import HostVars, ModelProfile, Stack
-from vigil.errors import ConfigError, HostError, PermissionDeniedError, VigilError
+from vigil.errors import ConfigError, HostError, PermissionDeniedError, ServeError, VigilError
 from vigil.facts import HostFacts, parse_facts
 from vigil.inventory import Inventory
 from vigil.plan import Plan, make_plan
@@ -27,8 +27,9 @@ from vigil.preflight import check_fits, check_host
 from vigil.remote import call
 from vigil.render import TEMPLATES, Rendered, paths_for, render
 from vigil.report import HostResult, Log
-from vigil.serving import served_name, wait_serving
 from vigil.transport import Transport, connect, host_lock
+from vigil.watch import Settings as WatchSettings
+from vigil.watch import verify_target
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,8 @@ class Options:
     check: bool = False
     restart: bool = False
     wait: bool = True
+    watch: WatchSettings = field(default_factory=WatchSettings)
+    state_dir: Path = Path("state")  # traces and the history mirror
 
 
 def apply_plan(transport: Transport, t: Target, plan: Plan, say: Callable[[str], None]) -> None:
@@ -153,6 +156,29 @@ def apply_plan(transport: Transport, t: Target, plan: Plan, say: Callable[[str],
                                             fix="deploy as root, or set sudo: true")
             raise HostError(t.name, f"{res['kind']} failed: {detail}",
                             fix=f"see {res['log']} on the host" if res.get("log") else None)
+
+
+def verify_start(transport: Transport, t: Target, opts: Options, log: Log,
+                 result: HostResult) -> None:
+    """Watch the (re)start with the verify watcher: same budgets, history and trace."""
+    from vigil.verify_report import Reporter, outcome_json
+
+    reporter = Reporter(live=False, emit=log)
+    outcome = verify_target(t, opts.watch, opts.state_dir, transport=transport,
+                            on_poll=reporter.poll, on_note=reporter.note)
+    result.verify = outcome_json(outcome)
+    result.verdict = outcome.verdict
+    if outcome.error is not None:
+        raise VigilError(outcome.error)
+    st = outcome.state
+    assert st is not None
+    result.main_pid = st.main_pid
+    if st.verdict != "ready":
+        raise ServeError(t.name, f"verify: {st.verdict} ({st.cause}): {st.proof}",
+                         fix=st.remedy or f"see `invoke logs --hosts {t.name}`")
+    if outcome.smoke is not None:
+        log(t.name, f"serving: {outcome.smoke.tokens} tokens, TTFT "
+            f"{outcome.smoke.ttft_s or 0:.2f} s, ready after {outcome.seconds:.0f} s")
 
 
 def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
@@ -184,15 +210,8 @@ def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
             result.restarted = plan.restarts
             need_wait = plan.restarts or facts.health_status != 200
             if opts.wait and need_wait:
-                say("waiting until it serves (health + one completion)")
-                api_key = t.rendered.env.get("VLLM_API_KEY")
-                serving = wait_serving(
-                    transport, t.vars, served_name(t.profile), say, api_key=api_key
-                )
-                result.serving = serving
-                result.main_pid = serving["main_pid"]
-                say(f"serving: {serving['completion_tokens']} tokens in "
-                    f"{serving['completion_seconds']} s, ready after {serving['seconds']} s")
+                say("verifying the start: phases, evidence, a real completion")
+                verify_start(transport, t, opts, log, result)
             else:
                 result.main_pid = facts.service.main_pid or None
             result.status = "changed" if plan.changes else "ok"

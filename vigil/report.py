@@ -46,6 +46,8 @@ class HostResult:
     round_trips: int = 0
     restarted: bool = False
     serving: dict[str, Any] | None = None
+    verdict: str | None = None  # verify's verdict when the deploy watched a start
+    verify: dict[str, Any] | None = None  # verify's JSON (phases, budgets, evidence, smoke)
 
 
 def summary_table(results: list[HostResult]) -> str:

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -44,8 +45,10 @@ class Reporter:
     """Receives every poll of every host (from their threads) and shows it."""
 
     def __init__(self, stream: TextIO | None = None, *, live: bool | None = None,
-                 clock: Any = time.monotonic) -> None:
+                 clock: Any = time.monotonic,
+                 emit: Callable[[str, str], None] | None = None) -> None:
         self.stream = stream or sys.stdout
+        self.emit = emit  # e.g. deploy's Log: lines go through it instead of the stream
         self.live = self.stream.isatty() if live is None else live
         self.clock = clock
         self._lock = threading.Lock()
@@ -96,6 +99,9 @@ class Reporter:
                 seen.printed_at = now
 
     def _line(self, host: str, message: str) -> None:
+        if self.emit is not None:
+            self.emit(host, message)
+            return
         stamp = time.strftime("%H:%M:%S")
         self.stream.write(f"{stamp} {host:<8} {message}\n")
         self.stream.flush()
