@@ -21,12 +21,12 @@ from invoke.tasks import task
 import lab.tasks
 from vigil import deploy as deploy_mod
 from vigil import inventory as inventory_mod
+from vigil.config import HostVars
 from vigil.errors import VigilError
 from vigil.exitcodes import ExitCode
 from vigil.remote import call
 from vigil.report import Log, results_json, summary_table, write_json
-from vigil.serving import wait_serving
-from vigil.transport import connect, privileged
+from vigil.transport import Transport, connect, privileged
 
 ROOT = Path(__file__).resolve().parent
 
@@ -86,7 +86,8 @@ def deploy(
         )
         log = Log(width=max(len(t.name) for t in targets))
         results = deploy_mod.deploy(
-            targets, deploy_mod.Options(check=check, restart=restart, wait=not no_wait), log
+            targets, deploy_mod.Options(check=check, restart=restart, wait=not no_wait,
+                                        state_dir=_setting(c, "state_dir")), log
         )
         print(summary_table(results))
         if json:
@@ -218,6 +219,32 @@ def logs(c: Context, hosts: str = "all", follow: bool = False, lines: int = 100)
         _each_host(c, hosts, work)
 
 
+def _watch_rollback(c: Context, name: str, hv: HostVars, transport: Transport, served: str,
+                    log: Log) -> int | None:
+    """Watch the restored release start with the verify watcher; its main PID."""
+    from vigil import verify_report, watch
+    from vigil.render import CACHE_ROOT
+
+    settings = _watch_settings(c, None, None)
+    assert isinstance(settings, watch.Settings)
+    target = watch.ProbeTarget(
+        unit=hv.service, port=hv.port, user=hv.service_user,
+        cache_dir=f"{CACHE_ROOT}/{hv.service}", python=f"{hv.env_root}/current/bin/python",
+        model=served, api_key=dict(hv.env).get("VLLM_API_KEY"))
+    reporter = verify_report.Reporter(live=False, emit=log)
+    out = watch.watch_service(name, transport, target, settings, _setting(c, "state_dir"),
+                              privileged_fn=lambda cmd: privileged(cmd, hv),
+                              on_poll=reporter.poll)
+    if out.error is not None:
+        raise VigilError(out.error)
+    st = out.state
+    assert st is not None
+    if st.verdict != "ready":
+        raise VigilError(f"{name}: after rollback: {st.verdict} ({st.cause}): {st.proof}"
+                         + (f"\n  fix: {st.remedy}" if st.remedy else ""))
+    return st.main_pid
+
+
 @task(help={"hosts": HOSTS_HELP, "no_wait": "do not wait until the service serves"})
 def rollback(c: Context, hosts: str = "all", no_wait: bool = False) -> None:
     """Put the previous unit, env file and environment back, restart, wait until serving."""
@@ -252,8 +279,8 @@ def rollback(c: Context, hosts: str = "all", no_wait: bool = False) -> None:
                     served = next((w.split("=", 1)[1] for w in words
                                    if w.startswith("--served-model-name=")), None) or next(
                         (w.split("=", 1)[1] for w in words if w.startswith("--model=")), "")
-                    res = wait_serving(transport, hv, served, lambda m: log(name, m))
-                    log(name, f"serving again, pid {res['main_pid']}")
+                    res = _watch_rollback(c, name, hv, transport, served, log)
+                    log(name, f"serving again, pid {res}")
             finally:
                 transport.close()
         except VigilError as exc:

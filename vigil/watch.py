@@ -358,3 +358,51 @@ def worst_exit(outcomes: list[Outcome]) -> int:
         if code in codes:
             return code
     return 0
+
+
+def watch_service(
+    name: str,
+    transport: Transport,
+    target: ProbeTarget,
+    settings: Settings,
+    state_dir: Path,
+    *,
+    privileged_fn: Callable[[str], str] = lambda c: c,
+    on_poll: Callable[[str, reducer.WatchState, Snapshot, Budgets], None] | None = None,
+    clock: Clock = time.monotonic,
+    sleep: Sleep = time.sleep,
+) -> Outcome:
+    """Watch a start without a deploy target (rollback: the unit on the host is the
+    previous release, not what the inventory renders): default budgets, a trace, no
+    history record (its key would be the inventory's, not the restored release's)."""
+    out = Outcome(name)
+    t_start = clock()
+    budgets = with_stall(Budgets(), settings.stall_s)
+    poller = Poller(transport, target, privileged_fn, settings)
+    path = trace_path(state_dir, name)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        out.trace = str(path)
+        smokes: list[Smoke] = []
+
+        def smoke_fn() -> Smoke:
+            smokes.append(poller.smoke())
+            return smokes[-1]
+
+        def poll(state: reducer.WatchState, snap: Snapshot) -> None:
+            if on_poll is not None:
+                on_poll(name, state, snap, budgets)
+
+        with path.open("w", encoding="utf-8") as fh:
+            out.state = watch(poller.probe, smoke_fn, budgets, poll_s=settings.poll_s,
+                              clock=clock, sleep=sleep, on_poll=poll, trace=fh,
+                              max_failures=settings.max_probe_failures, host=name)
+        out.smoke = smokes[-1] if smokes else None
+        out.exit_code = VERDICT_EXIT.get(out.state.verdict or "", 1)
+    except VigilError as exc:
+        out.error, out.exit_code = str(exc), int(exc.exit_code)
+    except (OSError, ValueError) as exc:
+        out.error, out.exit_code = f"{name}: {exc}", 1
+    out.probe_s = list(poller.probe_s)
+    out.seconds = round(clock() - t_start, 2)
+    return out
