@@ -23,10 +23,11 @@ from vigil.errors import ConfigError, HostError, PermissionDeniedError, ServeErr
 from vigil.facts import HostFacts, parse_facts
 from vigil.inventory import Inventory
 from vigil.plan import Plan, make_plan
-from vigil.preflight import check_fits, check_host
+from vigil.preflight import check_fits, check_host, stale_gpu_processes
 from vigil.remote import call
 from vigil.render import TEMPLATES, Rendered, paths_for, render
 from vigil.report import HostResult, Log
+from vigil.runtime import verify_install
 from vigil.transport import Transport, connect, host_lock
 from vigil.watch import Settings as WatchSettings
 from vigil.watch import verify_target
@@ -133,18 +134,51 @@ def lock_owner() -> str:
 class Options:
     check: bool = False
     restart: bool = False
+    reinstall: bool = False  # build a fresh environment beside the current one
+    kill_stale: bool = False  # end processes outside the service that hold GPU memory
     wait: bool = True
     watch: WatchSettings = field(default_factory=WatchSettings)
     state_dir: Path = Path("state")  # traces and the history mirror
 
 
+def apply_install(
+    transport: Transport, t: Target, plan: Plan, say: Callable[[str], None]
+) -> list[dict[str, Any]]:
+    """Build and verify a new environment first (one round trip); only a verified one is
+    marked complete and switched to by the rest of the plan. A failure changes nothing
+    the service uses: no switch, no restart, the old environment stays current."""
+    install = next((a for a in plan.actions if a.kind == "install_env"), None)
+    if install is None:
+        return []
+    env_dir = install.payload["env_dir"]
+    say(f"installing {t.stack.name} into {env_dir} (minutes)")
+    request = {**agent_request(t), "actions": [install.wire()]}
+    (res,) = call(transport, t.vars, "apply", request, timeout=3600)["results"]
+    problems = verify_install(t.stack, res)
+    if problems:
+        if res.get("ok"):
+            call(transport, t.vars, "apply", {**agent_request(t), "actions": [
+                {"kind": "discard_env", "env_dir": env_dir}]}, timeout=600)
+        detail = "\n  ".join(problems)
+        if res.get("tail"):
+            detail += "\n" + res["tail"]
+        raise HostError(
+            t.name, f"the new environment {env_dir} failed verification; nothing was "
+            f"switched or restarted:\n  {detail}",
+            fix=f"fix the pins in inventory/stacks/{t.stack.name}.yml"
+            + (f" (log: {res['log']} on the host)" if res.get("log") else ""),
+        )
+    say(f"{env_dir} verified ({res.get('installer')}, {res.get('seconds')} s): pins, rules, "
+        "pip check, import vllm")
+    return [{"kind": "mark_env", "env_dir": env_dir, "packages": res.get("packages")}]
+
+
 def apply_plan(transport: Transport, t: Target, plan: Plan, say: Callable[[str], None]) -> None:
     if not plan.actions:
         return
-    installs = [a for a in plan.actions if a.kind == "install_env"]
-    if installs:
-        say(f"installing {t.stack.name} into {t.rendered.paths.env_dir} (minutes)")
-    request = {**agent_request(t), "actions": [a.wire() for a in plan.actions]}
+    first = apply_install(transport, t, plan, say)
+    request = {**agent_request(t), "actions": first + [a.wire() for a in plan.actions
+                                                       if a.kind != "install_env"]}
     reply = call(transport, t.vars, "apply", request, timeout=3600)
     for res in reply["results"]:
         if not res["ok"]:
@@ -194,8 +228,10 @@ def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
         with host_lock(transport, t.vars, paths_for(t.vars, t.stack).lock, lock_owner(),
                        t.vars.lock_timeout_s, say):
             facts = gather(transport, t)
-            check_host(t.name, t.profile, t.rendered, facts)
-            plan = make_plan(t.name, t.stack, t.rendered, facts, force_restart=opts.restart)
+            check_host(t.name, t.profile, t.rendered, facts, kill_stale=opts.kill_stale)
+            stale = tuple(s.pid for s in stale_gpu_processes(facts)) if opts.kill_stale else ()
+            plan = make_plan(t.name, t.stack, t.rendered, facts, force_restart=opts.restart,
+                             reinstall=opts.reinstall, kill_pids=stale)
             result.actions = plan.describe() if plan.actions else []
             for line in plan.describe():
                 say(("would " if opts.check and plan.actions else "") + line)

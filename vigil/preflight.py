@@ -9,8 +9,9 @@ from __future__ import annotations
 import shlex
 
 from vigil.config import HostVars, ModelProfile
-from vigil.errors import PermissionDeniedError, RefusedError
+from vigil.errors import PermissionDeniedError, RefusedError, VigilError
 from vigil.facts import HostFacts
+from vigil.gpus import StaleProcess, stale_processes
 from vigil.render import Rendered
 
 
@@ -41,42 +42,108 @@ def check_fits(host_name: str, host: HostVars, profile: ModelProfile) -> None:
         )
 
 
-def check_host(host_name: str, profile: ModelProfile, r: Rendered, facts: HostFacts) -> None:
+def stale_gpu_processes(facts: HostFacts) -> list[StaleProcess]:
+    return stale_processes(facts.gpus, facts.service_pids, facts.gpu_cmdlines)
+
+
+def check_host(
+    host_name: str, profile: ModelProfile, r: Rendered, facts: HostFacts,
+    *, kill_stale: bool = False,
+) -> None:
     """Refuse, with the evidence, what the host's facts make impossible."""
+    found = problems(host_name, profile, r, facts, kill_stale=kill_stale)
+    if found:
+        raise found[0]
+
+
+def problems(
+    host_name: str, profile: ModelProfile, r: Rendered, facts: HostFacts,
+    *, kill_stale: bool = False,
+) -> list[VigilError]:
+    """Every refusal the facts justify, in the order a deploy meets them."""
+    out: list[VigilError] = []
     for what, ok in facts.writable.items():
         if not ok:
             path = {"unit": r.paths.unit, "env": r.paths.env, "envs": r.paths.env_dir,
                     "state": r.paths.backup_dir}[what]
-            raise PermissionDeniedError(
+            out.append(PermissionDeniedError(
                 host_name, f"user uid {facts.uid} may not write {path}",
                 fix="deploy as root, or set sudo: true for a user with passwordless sudo",
-            )
+            ))
+            break
     if facts.env_unreadable:
-        raise PermissionDeniedError(host_name, f"cannot read {r.paths.env}",
-                                    fix="deploy as root or with sudo: true")
+        out.append(PermissionDeniedError(host_name, f"cannot read {r.paths.env}",
+                                         fix="deploy as root or with sudo: true"))
     if not facts.service_user_exists:
         user = shlex.quote(r.unit_text.split("User=", 1)[1].split("\n", 1)[0])
-        raise RefusedError(
+        out.append(RefusedError(
             f"{host_name}: service user {user} does not exist",
             fix=f"create it on the host: useradd --system --shell /usr/sbin/nologin {user}",
-        )
+        ))
     if facts.model_exists is False:
-        raise RefusedError(
+        out.append(RefusedError(
             f"{host_name}: model directory {profile.model} does not exist",
             fix="copy the weights there first, or fix `model:` in the profile",
-        )
+        ))
+    missing = facts.model_weights.get("missing") or []
+    if missing:
+        listed = facts.model_weights.get("listed", "?")
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5
+                                          else "")
+        out.append(RefusedError(
+            f"{host_name}: model directory {profile.model} is incomplete: {len(missing)} of "
+            f"{listed} shards listed in model.safetensors.index.json are absent ({shown})",
+            fix="finish copying the weights (compare with the source's file list)",
+        ))
     config = facts.model_config or {}
     limit = config.get("max_position_embeddings")
     if isinstance(limit, int) and profile.max_model_len > limit:
-        raise RefusedError(
+        out.append(RefusedError(
             f"{host_name}: max_model_len {profile.max_model_len} is above the model's "
             f"max_position_embeddings {limit} ({profile.model}/config.json)",
             fix=f"set max_model_len to {limit} or less",
-        )
+        ))
     heads = config.get("num_attention_heads")
     if isinstance(heads, int) and heads % profile.tensor_parallel_size:
-        raise RefusedError(
+        out.append(RefusedError(
             f"{host_name}: tensor_parallel_size {profile.tensor_parallel_size} does not "
             f"divide the model's {heads} attention heads ({profile.model}/config.json)",
             fix="use a tensor_parallel_size that divides the head count",
-        )
+        ))
+    # GPUs are judged only when the agent read them (older agents did not)
+    if profile.device == "cuda" and "gpus" in facts.raw:
+        need = profile.tensor_parallel_size * profile.pipeline_parallel_size
+        have = facts.gpus.count
+        if have < need:
+            why = f" (NVML: {facts.gpus.error})" if facts.gpus.error and not have else ""
+            out.append(RefusedError(
+                f"{host_name}: profile {profile.name} needs tensor_parallel_size "
+                f"{profile.tensor_parallel_size} x pipeline_parallel_size "
+                f"{profile.pipeline_parallel_size} = {need} GPUs; the host shows {have} "
+                f"(via {facts.gpus.source}){why}",
+                fix="lower the parallel sizes or pick a host with more GPUs",
+            ))
+        stale = stale_gpu_processes(facts)
+        if stale and not kill_stale:
+            out.append(RefusedError(
+                f"{host_name}: GPU memory is held by {len(stale)} process(es) outside "
+                f"{r.paths.unit.rsplit('/', 1)[1]}:\n    "
+                + "\n    ".join(s.describe() for s in stale),
+                fix="end them (deploy --kill-stale ends exactly these), or find their owner",
+            ))
+    port = int(_port_of(r))
+    ours = set(facts.service_pids)
+    others = [(pid, cmd) for pid, cmd in facts.port_owners if pid not in ours]
+    if facts.port_listening and (others or not facts.port_owners):
+        who = "; ".join(f"pid {pid}: {cmd or '?'}" for pid, cmd in others) or (
+            "a process not visible from the host's PID namespace")
+        out.append(RefusedError(
+            f"{host_name}: port {port} is taken by another process ({who})",
+            fix=f"stop it, or serve on another port (--set port=...) than {port}",
+        ))
+    return out
+
+
+def _port_of(r: Rendered) -> str:
+    word = next((a for a in r.argv if a.startswith("--port=")), "--port=0")
+    return word.split("=", 1)[1]
