@@ -19,6 +19,7 @@ from invoke.exceptions import Exit
 from invoke.tasks import task
 
 import lab.tasks
+import vigil.cli_runtime
 from vigil import deploy as deploy_mod
 from vigil import inventory as inventory_mod
 from vigil.config import HostVars
@@ -63,6 +64,9 @@ HOSTS_HELP = "host names, group names or 'all', comma separated"
         "set": "KEY=VALUE override of a host variable or profile field (repeatable)",
         "json": "write the per-host summary as JSON to this file",
         "no_wait": "do not wait until the service serves",
+        "reinstall": "build a fresh environment beside the current one; switch only if it "
+        "passes verification",
+        "kill_stale": "end processes outside the service that hold GPU memory",
     },
     iterable=["set_"],
 )
@@ -76,6 +80,8 @@ def deploy(
     set_: list[str] | None = None,
     json: str | None = None,
     no_wait: bool = False,
+    reinstall: bool = False,
+    kill_stale: bool = False,
 ) -> None:
     """Plan, apply, restart only what changed, and wait until the service serves."""
     with _errors():
@@ -87,6 +93,7 @@ def deploy(
         log = Log(width=max(len(t.name) for t in targets))
         results = deploy_mod.deploy(
             targets, deploy_mod.Options(check=check, restart=restart, wait=not no_wait,
+                                        reinstall=reinstall, kill_stale=kill_stale,
                                         state_dir=_setting(c, "state_dir")), log
         )
         print(summary_table(results))
@@ -385,4 +392,6 @@ def replay(c: Context, file: str, json: bool = False) -> None:
 
 ns = Collection(deploy, render, status, logs, rollback, verify, history, replay)
 ns.add_collection(lab.tasks.ns)
+ns.add_task(vigil.cli_runtime.preflight)
+ns.add_collection(vigil.cli_runtime.stack)
 ns.configure({"vigil": {"inventory": "inventory", "templates": "templates", "state_dir": "state"}})

@@ -1,0 +1,241 @@
+"""Invoke tasks of the runtime: ``preflight`` (facts and go/no-go) and ``stack.check``
+(drift report). Both read and change nothing; thin shells over facts, preflight and the
+stack rule engine. Registered in tasks.py."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from invoke.collection import Collection
+from invoke.context import Context
+from invoke.exceptions import Exit
+from invoke.tasks import task
+
+from vigil import deploy as deploy_mod
+from vigil import inventory as inventory_mod
+from vigil.config import HostVars
+from vigil.errors import ConfigError, VigilError
+from vigil.exitcodes import ExitCode
+from vigil.gpus import GIB
+from vigil.preflight import problems, stale_gpu_processes
+from vigil.remote import call
+from vigil.runtime import findings, pip_for
+from vigil.stacks import check as check_stack
+from vigil.stacks import pip_check_problems
+from vigil.transport import connect
+
+ROOT = Path(__file__).resolve().parent.parent
+HOSTS_HELP = "host names, group names or 'all', comma separated"
+
+
+def _inventory(c: Context) -> inventory_mod.Inventory:
+    value = Path(str(c.config.vigil["inventory"]))
+    return inventory_mod.load(value if value.is_absolute() else ROOT / value)
+
+
+def _parallel(names: list[str], work: Callable[[str], None]) -> None:
+    threads = [threading.Thread(target=work, args=(n,)) for n in names]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+
+
+def _fail(exc: VigilError) -> Exit:
+    print(f"error: {exc}", file=sys.stderr)
+    return Exit(code=int(exc.exit_code))
+
+
+# -- stack.check ----------------------------------------------------------------------
+
+
+@dataclass
+class Drift:
+    host: str
+    stack: str
+    current: str | None = None
+    problems: list[str] = field(default_factory=list)
+    error: str | None = None
+    seconds: float = 0.0
+    round_trips: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and self.error is None
+
+
+def stack_of(inv: inventory_mod.Inventory, name: str, hv: HostVars, stack: str | None) -> str:
+    chosen = stack or hv.stack or (inv.profile(hv.model).stack if hv.model else None)
+    if not chosen:
+        raise ConfigError(f"no stack for host {name}",
+                          fix=f"pass --stack (one of: {', '.join(inv.names('stacks'))})")
+    return chosen
+
+
+def drift(inv: inventory_mod.Inventory, name: str, stack: str | None,
+          pip_check: bool = True) -> Drift:
+    """One host's drift: one round trip (the agent's ``packages`` verb)."""
+    hv = inv.host_vars(name)
+    st = inv.stack(stack_of(inv, name, hv, stack))
+    out = Drift(name, st.name)
+    started = time.monotonic()
+    try:
+        transport = connect(name, hv)
+        try:
+            reply = call(transport, hv, "packages",
+                         {"current": f"{hv.env_root}/current", "pip_check": pip_check})
+        finally:
+            out.round_trips = transport.round_trips
+            transport.close()
+    except VigilError as exc:
+        out.error = str(exc)
+        return out
+    finally:
+        out.seconds = round(time.monotonic() - started, 3)
+    out.current = reply.get("current")
+    if reply.get("packages") is None:
+        out.problems.append(f"no environment to check: {reply.get('env_error')}")
+        return out
+    pip = pip_for(out.current or f"{hv.env_root}/current")
+    out.problems = [f.describe() for f in check_stack(st, reply["packages"], pip)]
+    out.problems += [f"pip check: {line}" for line in
+                     pip_check_problems(str(reply.get("pip_check") or ""), st)]
+    if not reply.get("complete"):
+        out.problems.append(f"{out.current} has no .vigil-complete marker (unfinished build)")
+    return out
+
+
+@task(help={
+    "hosts": HOSTS_HELP,
+    "stack": "compare with this stack (inventory/stacks/NAME.yml); default: the host's",
+    "no_pip_check": "skip `pip check` in the environment",
+})
+def check(c: Context, hosts: str = "all", stack: str | None = None,
+          no_pip_check: bool = False) -> None:
+    """Drift report: the running environment against its stack's pins and rules."""
+    try:
+        inv = _inventory(c)
+        names = inv.select(hosts)
+        for n in names:  # bad input fails before any connection
+            inv.stack(stack_of(inv, n, inv.host_vars(n), stack))
+    except VigilError as exc:
+        raise _fail(exc) from None
+    results: dict[str, Drift] = {}
+
+    def work(n: str) -> None:
+        results[n] = drift(inv, n, stack, pip_check=not no_pip_check)
+
+    _parallel(names, work)
+    width = max(len(n) for n in names)
+    for n in names:
+        d = results[n]
+        head = f"{n:<{width}}  {d.stack:<24} {d.seconds:6.2f} s  "
+        if d.error:
+            print(head + f"unreachable: {d.error.splitlines()[0]}")
+        elif d.ok:
+            print(head + f"ok  {d.current}")
+        else:
+            print(head + f"DRIFT  {d.current}")
+            for p in d.problems:
+                print(f"{'':<{width}}    {p}")
+    if not all(d.ok for d in results.values()):
+        raise Exit(code=int(ExitCode.FAILED))
+
+
+# -- preflight ------------------------------------------------------------------------
+
+
+def _facts_lines(t: deploy_mod.Target, facts: Any) -> list[str]:
+    g = facts.gpus
+    lines = [f"GPUs: {g.count} via {g.source}" + (f" (NVML: {g.error})" if g.error else "")]
+    for gpu in g.gpus:
+        lines.append(f"  GPU {gpu.index} {gpu.name}: {gpu.memory_used_bytes / GIB:.1f} of "
+                     f"{gpu.memory_total_bytes / GIB:.1f} GiB used, "
+                     f"{len(gpu.processes)} process(es)")
+    for s in stale_gpu_processes(facts):
+        lines.append(f"  not the service's: {s.describe()}")
+    lines.append(f"disk free under {Path(t.rendered.paths.env_dir).parent}: "
+                 f"{facts.disk_free_bytes / GIB:.1f} GiB")
+    w = facts.model_weights
+    model = "missing" if facts.model_exists is False else (
+        f"{w.get('present', '?')} weight file(s)"
+        + (f", {len(w.get('missing') or [])} of {w.get('listed')} indexed shards absent"
+           if w.get("index") else ""))
+    lines.append(f"model {t.profile.model}: {model}")
+    owners = ", ".join(f"pid {p} {c or '?'}" for p, c in facts.port_owners) or (
+        "not visible here" if facts.port_listening else "free")
+    lines.append(f"port {t.vars.port}: {owners}")
+    lines.append(f"environment: {facts.current_env or '(none)'}; installer: "
+                 f"{'uv ' + facts.uv if facts.uv else 'pip'}")
+    drifted = findings(t.stack, facts, t.rendered.paths.env_dir)
+    if facts.packages is None:
+        lines.append(f"stack {t.stack.name}: not installed (deploy installs it)")
+    elif drifted:
+        lines.append(f"stack {t.stack.name}: drift (deploy repairs it)")
+        lines += [f"  {f.describe()}" for f in drifted]
+    else:
+        lines.append(f"stack {t.stack.name}: as pinned, rules hold")
+    lines.append(f"service: {facts.service.active_state or 'not loaded'}"
+                 + (f", pid {facts.service.main_pid}" if facts.service.main_pid else ""))
+    return lines
+
+
+@task(help={
+    "model": "model profile; default: the host's `model`",
+    "hosts": HOSTS_HELP,
+    "stack": "runtime stack; default: the host's `stack`",
+    "set": "KEY=VALUE override (repeatable)",
+    "kill_stale": "judge as deploy --kill-stale would (stale GPU holders are not refused)",
+}, iterable=["set_"])
+def preflight(c: Context, model: str | None = None, hosts: str = "all",
+              stack: str | None = None, set_: list[str] | None = None,
+              kill_stale: bool = False) -> None:
+    """Facts and go/no-go for a deploy; changes nothing."""
+    try:
+        targets = deploy_mod.resolve(_inventory(c), hosts, model=model, stack=stack,
+                                     sets=set_ or [], require_secrets=False)
+    except VigilError as exc:
+        print(f"NO-GO  {exc}")
+        raise Exit(code=int(exc.exit_code)) from None
+    reports: dict[str, tuple[list[str], list[VigilError], str | None]] = {}
+
+    def work(name: str) -> None:
+        t = next(x for x in targets if x.name == name)
+        try:
+            transport = connect(t.name, t.vars)
+            try:
+                facts = deploy_mod.gather(transport, t)
+            finally:
+                transport.close()
+        except VigilError as exc:
+            reports[name] = ([], [], str(exc))
+            return
+        found = problems(t.name, t.profile, t.rendered, facts, kill_stale=kill_stale)
+        reports[name] = (_facts_lines(t, facts), found, None)
+
+    _parallel([t.name for t in targets], work)
+    code = 0
+    for t in targets:
+        lines, found, error = reports[t.name]
+        if error:
+            print(f"{t.name}: UNREACHABLE  {error}")
+            code = max(code, int(ExitCode.FAILED))
+            continue
+        print(f"{t.name}: {'GO' if not found else 'NO-GO'}  ({t.profile.name} on "
+              f"{t.stack.name})")
+        for line in lines:
+            print(f"  {line}")
+        for refusal in found:
+            print("  refused: " + str(refusal).replace("\n", "\n    "))
+            code = max(code, int(refusal.exit_code))
+    if code:
+        raise Exit(code=code)
+
+
+stack = Collection("stack", check)
