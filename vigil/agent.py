@@ -482,6 +482,9 @@ def install_env(action: Json) -> Json:
         # /root may be read-only (lab hosts): keep uv's cache in vigil's cache directory
         env["UV_CACHE_DIR"] = cache or env.get("UV_CACHE_DIR") or "/var/cache/vigil/uv"
         env["UV_PYTHON_DOWNLOADS"] = "never"
+        # trust the host's CA store as pip does (a site proxy's CA lives there)
+        env.setdefault("UV_SYSTEM_CERTS", "1")
+        env.setdefault("UV_NATIVE_TLS", "1")
         steps = [
             [uv, "venv", "--seed", "--python", action["python"], env_dir],
             [uv, "pip", "install", "--python", python, "-c", constraints,

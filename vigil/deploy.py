@@ -165,7 +165,8 @@ def apply_install(
         raise HostError(
             t.name, f"the new environment {env_dir} failed verification; nothing was "
             f"switched or restarted:\n  {detail}",
-            fix=f"fix the pins in inventory/stacks/{t.stack.name}.yml"
+            fix=(f"fix the pins or rules in inventory/stacks/{t.stack.name}.yml"
+                 if res.get("packages") else "see the install log")
             + (f" (log: {res['log']} on the host)" if res.get("log") else ""),
         )
     say(f"{env_dir} verified ({res.get('installer')}, {res.get('seconds')} s): pins, rules, "
