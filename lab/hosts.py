@@ -42,6 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 INVENTORY_FRAGMENT = REPO / "inventory" / "hosts.d" / "lab.yml"
 DEFAULT_LAB_DIR = Path("/var/lib/vigil-lab")
 BASE_PORT = 2200
+SERVICE_BASE_PORT = 8100
 MODEL_NAME = "tiny-llama"
 SERVICE_USER = "vllm"
 NOROOT_USER = "vigil-noroot"
@@ -94,6 +95,11 @@ def host_name(i: int) -> str:
 
 def host_port(i: int) -> int:
     return BASE_PORT + i
+
+
+def service_port(i: int) -> int:
+    """The vLLM port of lab host i (the hosts share one network namespace)."""
+    return SERVICE_BASE_PORT + i
 
 
 def key_path() -> Path:
@@ -512,8 +518,11 @@ def _up(n: int, timeout: float, clean: bool) -> list[HostStatus]:
 def write_inventory(indexes: list[int]) -> Path:
     names = [host_name(i) for i in indexes]
     lines = ["# written by `invoke lab.up`; removed by `invoke lab.down`", "hosts:"]
+    # The hosts share the machine's network: each serves vLLM on its own port.
     lines += [
-        f"  {host_name(i)}: {{address: 127.0.0.1, ssh_port: {host_port(i)}}}" for i in indexes
+        f"  {host_name(i)}: {{address: 127.0.0.1, ssh_port: {host_port(i)}, "
+        f"port: {service_port(i)}}}"
+        for i in indexes
     ]
     lines += [
         "groups:",

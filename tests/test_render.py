@@ -92,7 +92,7 @@ def test_unit_has_the_safety_settings(inv: inventory.Inventory) -> None:
     (t,) = resolve(inv, "llm-one", model="kimi-k2.5-nvfp4", operator_env=SECRETS)
     unit = t.rendered.unit_text
     for setting in ("Restart=on-failure", "RestartSec=30", "StartLimitBurst=3",
-                    "KillMode=control-group", "TimeoutStopSec=90", "TimeoutStartSec=1800",
+                    "KillMode=mixed", "TimeoutStopSec=90", "TimeoutStartSec=1800",
                     "LimitNOFILE=1048576", "User=vllm", "EnvironmentFile=/etc/vigil/vllm.env"):
         assert setting in unit
 
