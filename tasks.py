@@ -394,4 +394,5 @@ ns = Collection(deploy, render, status, logs, rollback, verify, history, replay)
 ns.add_collection(lab.tasks.ns)
 ns.add_task(vigil.cli_runtime.preflight)
 ns.add_collection(vigil.cli_runtime.stack)
-ns.configure({"vigil": {"inventory": "inventory", "templates": "templates", "state_dir": "state"}})
+ns.configure({"vigil": {"inventory": "inventory", "templates": "templates", "state_dir": "state",
+                        "poll_s": 5.0, "history_min_samples": 3}})
