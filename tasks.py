@@ -306,7 +306,10 @@ def _watch_settings(c: Context, poll: float | None, stall: float | None) -> obje
     cfg = c.config.vigil
     poll_s = float(poll if poll is not None else cfg.get("poll_s", 5.0))
     if poll_s <= 0 or (stall is not None and stall <= 0):
-        raise VigilError("--poll and --stall must be positive seconds", fix="e.g. --poll 5")
+        from vigil.errors import ConfigError
+
+        raise ConfigError("--poll and --stall must be positive seconds", key="--poll/--stall",
+                          fix="e.g. --poll 5 --stall 60")
     return Settings(poll_s=poll_s, stall_s=stall,
                     min_samples=int(cfg.get("history_min_samples", 3)))
 
