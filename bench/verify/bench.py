@@ -35,10 +35,10 @@ from vigil.transport import connect
 
 ROOT = Path(__file__).resolve().parents[2]
 
-SHELL_LOOP = ("for i in $(seq 20); do if curl -sf -o /dev/null http://127.0.0.1:8000/health; "
+SHELL_LOOP = ("for i in $(seq 20); do if curl -sf -o /dev/null http://127.0.0.1:PORT/health; "
               "then echo READY; exit 0; fi; sleep 30; done; echo FAILED")
 STARTUP_PROBE = ("for i in $(seq 120); do if curl -sf -o /dev/null "
-                 "http://127.0.0.1:8000/health; then echo READY; exit 0; fi; sleep 10; done; "
+                 "http://127.0.0.1:PORT/health; then echo READY; exit 0; fi; sleep 10; done; "
                  "echo FAILED")
 BUDGET = {"shell loop (30 s x 20)": 600.0, "startup probe (10 s x 120)": 1200.0}
 
@@ -70,8 +70,9 @@ def scenario(name: str, host: str, index: int, stall_s: float) -> dict[str, Any]
               "pkill -f 'seq 20|seq 120' || true")
     sh(index, "systemctl start vllm")
     t_start = time.monotonic()
-    loops = [Loop(index, n, s) for n, s in zip(BUDGET, (SHELL_LOOP, STARTUP_PROBE),
-                                                strict=True)]
+    port = str(t.vars.port)
+    loops = [Loop(index, n, s.replace("PORT", port))
+             for n, s in zip(BUDGET, (SHELL_LOOP, STARTUP_PROBE), strict=True)]
     for lp in loops:
         lp.start()
     fault: list[float] = []
@@ -149,11 +150,12 @@ def main() -> None:
     ap.add_argument("--scenarios", default="ready,crashed,stalled")
     args = ap.parse_args()
     rows = [scenario(s, args.host, args.index, args.stall) for s in args.scenarios.split(",")]
+    port = deploy_mod.resolve(inventory.load(ROOT / "inventory"), args.host)[0].vars.port
     sh(args.index, "systemctl start vllm")
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:  # probe cost on a running server
         if "200" in sh(args.index, "curl -s -o /dev/null -w '%{http_code}' "
-                                   "http://127.0.0.1:8000/health || true"):
+                                   f"http://127.0.0.1:{port}/health || true"):
             break
         time.sleep(5)
     cost = probe_cost(args.host)
