@@ -31,7 +31,7 @@ def wheel(out: Path, name: str, version: str, requires: tuple[str, ...] = (),
     dist = name.replace("-", "_")
     info = f"{dist}-{version}.dist-info"
     files = {
-        f"{info}/METADATA": "Metadata-Version: 2.1\nName: %s\nVersion: %s\n%s" % (
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: {}\nVersion: {}\n{}".format(
             name, version, "".join(f"Requires-Dist: {r}\n" for r in requires)),
         f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: vigil-tests\nRoot-Is-Purelib: true\n"
                          "Tag: py3-none-any\n",
@@ -39,9 +39,9 @@ def wheel(out: Path, name: str, version: str, requires: tuple[str, ...] = (),
     if module:
         files[f"{module}/__init__.py"] = f"__version__ = {version!r}\n"
     record = []
-    for path, text in files.items():
+    for member, text in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
-        record.append(f"{path},sha256={digest.decode()},{len(text.encode())}")
+        record.append(f"{member},sha256={digest.decode()},{len(text.encode())}")
     record.append(f"{info}/RECORD,,")
     files[f"{info}/RECORD"] = "\n".join(record) + "\n"
     path = out / f"{dist}-{version}-py3-none-any.whl"
@@ -117,7 +117,7 @@ def test_fix_command_repairs_the_real_env(tmp_path: Path, wheels: Path) -> None:
                        "flashinfer-cubin==0.6.3", "torch==2.10.0")
         (finding,) = check(incident_stack(), listing(env), pip=f"{env}/bin/python -m pip")
         # run the fix exactly as printed (offline: the same local wheels)
-        subprocess.run(finding.fix.split() + ["-q", "--no-index", "--find-links", str(wheels)],
+        subprocess.run([*finding.fix.split(), "-q", "--no-index", "--find-links", str(wheels)],
                        check=True)
         assert check(incident_stack(), listing(env)) == []
     finally:
