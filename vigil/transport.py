@@ -195,6 +195,14 @@ class SSHTransport:
                     fix=f"add it: ssh-keyscan -p {self.host.ssh_port} {self.host.address} "
                     ">> ~/.ssh/known_hosts (after verifying it), or set known_hosts",
                 ) from None
+            if "banner" in text.lower():
+                raise UnreachableError(
+                    self.name,
+                    f"timed out after {self.host.connect_timeout_s:g} s waiting for the SSH "
+                    f"banner of {self._where()} (the port answers, sshd does not)",
+                    fix="check that sshd (not another service) listens there and is not "
+                    "overloaded, or raise connect_timeout_s",
+                ) from None
             if isinstance(exc, paramiko.AuthenticationException):
                 raise UnreachableError(
                     self.name, f"SSH authentication failed for {self._where()}",
@@ -310,7 +318,7 @@ def host_lock(
                 if line is None:
                     raise LockTimeoutError(transport.name, "no answer from the lock holder")
                 raise PermissionDeniedError(
-                    transport.name, f"cannot create the deploy lock {path}",
+                    transport.name, f"permission denied creating the deploy lock {path}",
                     fix="deploy as root, or set sudo: true for a user with sudo rights",
                 )
             line = line.strip()
