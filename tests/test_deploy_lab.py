@@ -8,6 +8,7 @@ proven to leave the host exactly as it was.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -73,7 +74,17 @@ def module_inventory(lab_hosts: list[lab.HostStatus], tmp_path_factory: pytest.T
 
 
 @pytest.fixture(scope="module")
-def deployed(module_inventory: Path) -> Iterator[dict[str, Any]]:
+def host_exclusive(lab_hosts: list[lab.HostStatus]) -> Iterator[None]:
+    """One test session at a time drives lab1 (parallel sessions would restart it
+    under each other's feet)."""
+    lock = lab.lab_dir() / "hosts" / f"{HOST}.tests.lock"
+    with open(lock, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+@pytest.fixture(scope="module")
+def deployed(host_exclusive: None, module_inventory: Path) -> Iterator[dict[str, Any]]:
     sh("systemctl stop vllm 2>/dev/null; rm -f /etc/systemd/system/vllm.service "
        "/etc/vigil/vllm.env; rm -rf /var/lib/vigil/backup; systemctl daemon-reload")
     env = {"HF_TOKEN": "hf_$ecret 'quoted' \"value\"",

@@ -10,6 +10,7 @@ inventory's ``known_hosts`` file) unless the inventory opts out with
 from __future__ import annotations
 
 import contextlib
+import logging
 import select
 import shlex
 import subprocess
@@ -23,6 +24,11 @@ import paramiko
 
 from vigil.config import HostVars
 from vigil.errors import HostError, LockTimeoutError, PermissionDeniedError, UnreachableError
+
+# paramiko logs a failed handshake with a traceback on stderr; vigil reports it as one
+# clear error instead.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
 
 
 @dataclass(frozen=True)
@@ -195,7 +201,9 @@ class SSHTransport:
                     fix=f"add it: ssh-keyscan -p {self.host.ssh_port} {self.host.address} "
                     ">> ~/.ssh/known_hosts (after verifying it), or set known_hosts",
                 ) from None
-            if "banner" in text.lower():
+            # A banner timeout kills paramiko's transport thread; the client then only
+            # reports "No existing session".
+            if "banner" in text.lower() or "no existing session" in text.lower():
                 raise UnreachableError(
                     self.name,
                     f"timed out after {self.host.connect_timeout_s:g} s waiting for the SSH "
