@@ -54,7 +54,9 @@ def summary_table(results: list[HostResult]) -> str:
     width = max([8, *(len(r.host) for r in results)])
     lines = [f"{'HOST':<{width}}  {'RESULT':<8} {'PID':>8} {'TIME':>8}  DETAIL"]
     for r in results:
-        detail = r.error.splitlines()[0] if r.error else "; ".join(r.actions) or "nothing to do"
+        # the full reasons are in the log above and in --json; here, what was done
+        done = ", ".join(a.split(":", 1)[0] for a in r.actions)
+        detail = r.error.splitlines()[0] if r.error else done or "nothing to do"
         pid = str(r.main_pid) if r.main_pid else "-"
         lines.append(f"{r.host:<{width}}  {r.status:<8} {pid:>8} {r.seconds:>7.1f}s  {detail}")
     counts = {s: sum(r.status == s for r in results) for s in ("ok", "changed", "failed")}
