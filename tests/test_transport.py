@@ -1,0 +1,158 @@
+"""Transport: host keys checked by default, clear errors, local connection, the lock."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from lab import hosts as lab
+from vigil.config import HostVars
+from vigil.errors import LockTimeoutError, UnreachableError
+from vigil.remote import call
+from vigil.transport import LocalTransport, connect, host_lock
+
+HOST = "lab2"
+INDEX = 2
+
+
+def lab_vars(**changes: object) -> HostVars:
+    base: dict[str, object] = {
+        "address": "127.0.0.1", "ssh_port": lab.host_port(INDEX), "ssh_user": "root",
+        "ssh_key": str(lab.key_path()), "known_hosts": str(lab.known_hosts_path()),
+        "connect_timeout_s": 5,
+    }
+    return HostVars.model_validate({**base, **changes})
+
+
+@pytest.mark.lab
+def test_known_host_key_connects(lab_hosts: list[lab.HostStatus]) -> None:
+    t = connect(HOST, lab_vars())
+    try:
+        assert t.run("hostname").stdout.strip() == HOST
+        assert t.run("exit 7").exit_status == 7
+        assert t.run("cat", stdin="through stdin").stdout == "through stdin"
+        assert t.round_trips == 3
+    finally:
+        t.close()
+
+
+@pytest.mark.lab
+def test_unknown_host_key_is_refused_with_the_fix(
+    lab_hosts: list[lab.HostStatus], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ssh/known_hosts to fall back on
+    t = connect(HOST, lab_vars(known_hosts=str(empty)))
+    with pytest.raises(UnreachableError) as err:
+        t.run("true")
+    assert f"host key of root@127.0.0.1:{lab.host_port(INDEX)} is unknown" in str(err.value)
+    assert "ssh-keyscan" in str(err.value)
+
+
+@pytest.mark.lab
+def test_changed_host_key_is_refused(
+    lab_hosts: list[lab.HostStatus], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A known_hosts entry with someone else's key for this address: a man in the middle.
+    other = tmp_path / "other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)],
+                   check=True)
+    pub = (tmp_path / "other.pub").read_text().split()
+    wrong = tmp_path / "known_hosts"
+    wrong.write_text(f"[127.0.0.1]:{lab.host_port(INDEX)} {pub[0]} {pub[1]}\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    t = connect(HOST, lab_vars(known_hosts=str(wrong)))
+    with pytest.raises(UnreachableError, match="does NOT match known_hosts"):
+        t.run("true")
+
+
+@pytest.mark.lab
+def test_opting_out_of_host_key_checks_connects(
+    lab_hosts: list[lab.HostStatus], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    t = connect(HOST, lab_vars(known_hosts=None, host_key_check=False))
+    try:
+        assert t.run("true").exit_status == 0
+    finally:
+        t.close()
+
+
+@pytest.mark.lab
+def test_wrong_key_is_an_authentication_error(
+    lab_hosts: list[lab.HostStatus], tmp_path: Path
+) -> None:
+    key = tmp_path / "id"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    t = connect(HOST, lab_vars(ssh_key=str(key), ssh_user="nobody"))
+    with pytest.raises(UnreachableError, match="authentication failed for nobody@"):
+        t.run("true")
+
+
+@pytest.mark.lab
+def test_lock_is_exclusive_and_released_with_the_connection(
+    lab_hosts: list[lab.HostStatus],
+) -> None:
+    hv = lab_vars()
+    path = "/var/lib/vigil/test-transport.lock"
+    first = connect(HOST, hv)
+    second = connect(HOST, hv)
+    waits: list[str] = []
+    try:
+        with host_lock(first, hv, path, "first-owner", 5, waits.append):
+            with (pytest.raises(LockTimeoutError, match="still held after 1 s"),
+                  host_lock(second, hv, path, "second", 1, waits.append)):
+                pass
+            assert waits == ["waiting up to 1 s for the deploy lock held by first-owner"]
+        # released at the end of the block: the second one gets it at once
+        started = time.monotonic()
+        with host_lock(second, hv, path, "second", 5, waits.append):
+            assert time.monotonic() - started < 3
+    finally:
+        first.close()
+        second.close()
+
+
+@pytest.mark.lab
+def test_lock_of_a_dead_deploy_does_not_linger(lab_hosts: list[lab.HostStatus]) -> None:
+    hv = lab_vars()
+    path = "/var/lib/vigil/test-transport-dead.lock"
+    dying = connect(HOST, hv)
+    entered = threading.Event()
+
+    def hold_and_die() -> None:
+        with host_lock(dying, hv, path, "dying", 5, print):
+            entered.set()
+            time.sleep(60)
+
+    threading.Thread(target=hold_and_die, daemon=True).start()
+    assert entered.wait(10)
+    dying.close()  # the connection drops as if the deploy was killed
+    other = connect(HOST, hv)
+    try:
+        with host_lock(other, hv, path, "next", 10, print):
+            pass
+    finally:
+        other.close()
+
+
+def test_local_transport_runs_the_agent_on_this_machine(tmp_path: Path) -> None:
+    t = LocalTransport("here")
+    hv = HostVars(connection="local")
+    reply = call(t, hv, "facts", {
+        "unit": "vigil-test-none", "port": 1, "service_user": "root", "model": str(tmp_path),
+        "paths": {"unit": str(tmp_path / "u.service"), "env": str(tmp_path / "u.env"),
+                  "env_dir": str(tmp_path / "envs" / "x"), "current": str(tmp_path / "cur"),
+                  "backup_dir": str(tmp_path / "b")},
+    })
+    assert reply["files"] == {"unit": None, "env": None}
+    assert reply["writable"]["unit"] is True
+    assert (reply["model"]["exists"], reply["model"]["config"]) == (True, None)
+    assert json.loads(json.dumps(reply))["service_user_exists"] is True
+    assert t.round_trips == 1
