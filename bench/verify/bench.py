@@ -35,9 +35,10 @@ from vigil.transport import connect
 
 ROOT = Path(__file__).resolve().parents[2]
 
-SHELL_LOOP = ("for i in $(seq 20); do if curl -sf -o /dev/null http://127.0.0.1:PORT/health; "
+SHELL_LOOP = (": vigil-bench-loop; for i in $(seq 20); do "
+              "if curl -sf -o /dev/null http://127.0.0.1:PORT/health; "
               "then echo READY; exit 0; fi; sleep 30; done; echo FAILED")
-STARTUP_PROBE = ("for i in $(seq 120); do if curl -sf -o /dev/null "
+STARTUP_PROBE = (": vigil-bench-loop; for i in $(seq 120); do if curl -sf -o /dev/null "
                  "http://127.0.0.1:PORT/health; then echo READY; exit 0; fi; sleep 10; done; "
                  "echo FAILED")
 BUDGET = {"shell loop (30 s x 20)": 600.0, "startup probe (10 s x 120)": 1200.0}
@@ -67,7 +68,7 @@ def sh(index: int, command: str) -> str:
 def scenario(name: str, host: str, index: int, stall_s: float) -> dict[str, Any]:
     t = deploy_mod.resolve(inventory.load(ROOT / "inventory"), host)[0]
     sh(index, "systemctl stop vllm; systemctl reset-failed vllm || true; "
-              "pkill -f 'seq 20|seq 120' || true")
+              "pkill -f '[v]igil-bench-loop' || true")
     sh(index, "systemctl start vllm")
     t_start = time.monotonic()
     port = str(t.vars.port)
@@ -76,6 +77,7 @@ def scenario(name: str, host: str, index: int, stall_s: float) -> dict[str, Any]
     for lp in loops:
         lp.start()
     fault: list[float] = []
+    fault_pid: list[int] = []
 
     def inject(host_: str, st: reducer.WatchState, snap: Snapshot, b: Budgets) -> None:
         if fault or st.phase != "compiling" or snap.processes is None:
@@ -85,6 +87,7 @@ def scenario(name: str, host: str, index: int, stall_s: float) -> dict[str, Any]
         if pid:
             sh(index, f"kill -{'9' if name == 'crashed' else 'STOP'} {pid}")
             fault.append(time.monotonic())
+            fault_pid.append(pid)
 
     settings = watch.Settings(poll_s=5.0, stall_s=stall_s)
     out = watch.verify_target(t, settings, ROOT / "state" / "bench", on_poll=inject)
@@ -92,8 +95,12 @@ def scenario(name: str, host: str, index: int, stall_s: float) -> dict[str, Any]
     # The ready case: let the loops see /health too; the others: they would wait it out.
     for lp in loops:
         lp.join(timeout=45 if name == "ready" else 1)
-    sh(index, "systemctl kill -s SIGCONT vllm || true; systemctl stop vllm; "
-              "systemctl reset-failed vllm || true; pkill -f 'seq 20|seq 120' || true")
+    # What the loops had concluded by now; then end them BEFORE undoing the fault, so a
+    # resumed worker cannot make them "ready" after the fact.
+    results = {lp.name_: lp.result for lp in loops}
+    sh(index, "pkill -f '[v]igil-bench-loop' || true")
+    cont = f"kill -CONT {fault_pid[0]} 2>/dev/null; " if fault_pid else ""
+    sh(index, f"{cont}systemctl stop vllm; systemctl reset-failed vllm || true")
     origin = fault[0] if fault else t_start
     row: dict[str, Any] = {
         "scenario": name,
@@ -103,8 +110,9 @@ def scenario(name: str, host: str, index: int, stall_s: float) -> dict[str, Any]
         "measured_from": "fault injection" if fault else "systemctl start",
     }
     for lp in loops:
-        if lp.result is not None and lp.result[0] == "READY":
-            row[lp.name_] = {"verdict": "ready", "seconds": round(lp.t0 + lp.result[1] - origin, 1)}
+        res = results[lp.name_]
+        if res is not None and res[0] == "READY":
+            row[lp.name_] = {"verdict": "ready", "seconds": round(lp.t0 + res[1] - origin, 1)}
         else:
             # /health never answered: the loop concludes only at its budget.
             row[lp.name_] = {"verdict": "failed (at its budget)",
@@ -122,8 +130,8 @@ def probe_cost(host: str, runs: int = 20) -> dict[str, Any]:
     cursor = None
     try:
         for _ in range(runs):
-            cmd = ("TIMEFORMAT='%R %U %S'; { time " + watch.probe_command(target, cursor)
-                   + " ; } 2>/tmp/vigil-probe-time; cat /tmp/vigil-probe-time >&2")
+            cmd = ("TIMEFORMAT='%R %U %S'; { time ( " + watch.probe_command(target, cursor)
+                   + " ) ; } 2>/tmp/vigil-probe-time; cat /tmp/vigil-probe-time >&2")
             t0 = time.monotonic()
             res = transport.run(cmd, stdin=watch.probe_source(), timeout=60)
             rts.append(time.monotonic() - t0)
