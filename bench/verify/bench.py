@@ -69,6 +69,8 @@ def scenario(name: str, host: str, index: int, stall_s: float) -> dict[str, Any]
     t = deploy_mod.resolve(inventory.load(ROOT / "inventory"), host)[0]
     sh(index, "systemctl stop vllm; systemctl reset-failed vllm || true; "
               "pkill -f '[v]igil-bench-loop' || true")
+    if name == "stalled":  # cold, like the live test: a compile long enough to catch
+        sh(index, "rm -rf /var/cache/vigil/vllm/* /tmp/torchinductor_vllm")
     sh(index, "systemctl start vllm")
     t_start = time.monotonic()
     port = str(t.vars.port)
