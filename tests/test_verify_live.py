@@ -55,16 +55,23 @@ def host(lab_hosts: object, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     t = target()
     res = deploy_mod.deploy_host(t, deploy_mod.Options(wait=False), Log())
     assert res.status != "failed", res.error
-    sh("systemctl stop vllm; systemctl reset-failed vllm || true")
+    sh(STOP)
     state = tmp_path_factory.mktemp("verify-state")
     yield state
     # Leave the shared cores free: the service stays stopped, the unit as deployed.
-    sh("touch /tmp/vigil-nothrottle; systemctl stop vllm; systemctl reset-failed vllm || true")
+    sh(f"touch /tmp/vigil-nothrottle; {STOP}")
+
+
+# systemd inside a lab host cannot always kill the whole cgroup ("Failed to kill control
+# group ... Input/output error"): a worker orphaned by the kill -9 test would keep
+# spinning on the shared cores. End any leftover.
+STOP = ("systemctl stop vllm; systemctl reset-failed vllm || true; "
+        "pkill -9 -f '^VLLM::' || true; pkill -9 -f '[v]llm.entrypoints' || true")
 
 
 def start(clear_cache: bool = False) -> None:
     clear = "rm -rf /var/cache/vigil/vllm/* /tmp/torchinductor_vllm; " if clear_cache else ""
-    sh(f"systemctl stop vllm; systemctl reset-failed vllm || true; {clear}systemctl start vllm")
+    sh(f"{STOP}; {clear}systemctl start vllm")
 
 
 def run_verify(state: Path, settings: Settings, on_poll: object = None) -> Outcome:
@@ -222,7 +229,7 @@ def test_sigstop_of_the_worker_during_compile_is_stalled_in_that_phase(host: Pat
     finally:
         # systemctl kill -s SIGCONT cannot reach a stopped worker here (EIO): kill can.
         sh(f"kill -CONT {' '.join(str(p) for p in stopped_pid)} 2>/dev/null; "
-           "systemctl stop vllm; systemctl reset-failed vllm || true")
+           f"{STOP}")
     st = out.state
     assert stopped, "the worker was never seen compiling"
     assert st is not None and st.verdict == "stalled", st.proof

@@ -35,6 +35,11 @@ from vigil.transport import connect
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# systemd inside a lab host cannot always kill the whole cgroup ("Failed to kill control
+# group ... Input/output error"): a worker orphaned by a crash keeps spinning. End any.
+STOP = ("systemctl stop vllm; systemctl reset-failed vllm || true; "
+        "pkill -9 -f '^VLLM::' || true; pkill -9 -f '[v]llm.entrypoints' || true")
+
 SHELL_LOOP = (": vigil-bench-loop; for i in $(seq 20); do "
               "if curl -sf -o /dev/null http://127.0.0.1:PORT/health; "
               "then echo READY; exit 0; fi; sleep 30; done; echo FAILED")
@@ -67,8 +72,7 @@ def sh(index: int, command: str) -> str:
 
 def scenario(name: str, host: str, index: int, stall_s: float) -> dict[str, Any]:
     t = deploy_mod.resolve(inventory.load(ROOT / "inventory"), host)[0]
-    sh(index, "systemctl stop vllm; systemctl reset-failed vllm || true; "
-              "pkill -f '[v]igil-bench-loop' || true")
+    sh(index, f"{STOP}; pkill -f '[v]igil-bench-loop' || true")
     if name == "stalled":  # cold, like the live test: a compile long enough to catch
         sh(index, "rm -rf /var/cache/vigil/vllm/* /tmp/torchinductor_vllm")
     sh(index, "systemctl start vllm")
@@ -84,8 +88,14 @@ def scenario(name: str, host: str, index: int, stall_s: float) -> dict[str, Any]
     def inject(host_: str, st: reducer.WatchState, snap: Snapshot, b: Budgets) -> None:
         if fault or st.phase != "compiling" or snap.processes is None:
             return
-        want = {"crashed": "EngineCor", "stalled": "Worker"}.get(name)
-        pid = next((p.pid for p in snap.processes.items if want and want in p.comm), None)
+        # Only processes of THIS start: the engine is a child of the main PID, the
+        # worker a child of the engine.
+        main = st.main_pid or (snap.unit.main_pid if snap.unit else 0)
+        procs = snap.processes.items
+        engine = next((p.pid for p in procs if "EngineCor" in p.comm and p.ppid == main), None)
+        worker = next((p.pid for p in procs if "Worker" in p.comm and engine
+                       and p.ppid == engine), None)
+        pid = engine if name == "crashed" else worker if name == "stalled" else None
         if pid:
             sh(index, f"kill -{'9' if name == 'crashed' else 'STOP'} {pid}")
             fault.append(time.monotonic())
@@ -102,7 +112,7 @@ def scenario(name: str, host: str, index: int, stall_s: float) -> dict[str, Any]
     results = {lp.name_: lp.result for lp in loops}
     sh(index, "pkill -f '[v]igil-bench-loop' || true")
     cont = f"kill -CONT {fault_pid[0]} 2>/dev/null; " if fault_pid else ""
-    sh(index, f"{cont}systemctl stop vllm; systemctl reset-failed vllm || true")
+    sh(index, f"{cont}{STOP}")
     origin = fault[0] if fault else t_start
     row: dict[str, Any] = {
         "scenario": name,
@@ -169,7 +179,7 @@ def main() -> None:
             break
         time.sleep(5)
     cost = probe_cost(args.host)
-    sh(args.index, "systemctl stop vllm")
+    sh(args.index, STOP)
     result = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": args.host,
               "stall_s": args.stall, "scenarios": rows, "probe": cost}
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
