@@ -118,14 +118,16 @@ def test_second_start_is_warm_and_budgeted_from_history(host: Path) -> None:
     # A warm start first (the cold test left the cache full), so a warm sample exists...
     start()
     first = run_verify(host, Settings(poll_s=POLL_S, min_samples=1))
-    assert first.state is not None and first.state.verdict == "ready", first.state.proof
+    assert first.state is not None
+    assert first.state.verdict == "ready", first.state.proof
     assert first.key is not None and first.key.cache == "warm"
     assert first.record is not None and first.record.key.cache == "warm"
     # ...then the next warm start is budgeted from it (min_samples=1: one sample is
     # enough in this test; the default needs 3 before history beats the prior).
     start()
     second = run_verify(host, Settings(poll_s=POLL_S, min_samples=1))
-    assert second.state is not None and second.state.verdict == "ready", second.state.proof
+    assert second.state is not None
+    assert second.state.verdict == "ready", second.state.proof
     assert second.plan is not None
     assert second.plan.level == "exact" and second.plan.n_samples >= 1
     assert second.plan.source["compiling"] == "history"
@@ -188,7 +190,8 @@ def test_kill_9_of_the_engine_is_crashed_within_two_polls(host: Path) -> None:
     out = run_verify(host, Settings(poll_s=POLL_S), on_poll=kill_engine)
     st = out.state
     assert killed_at, "the engine was never seen to kill"
-    assert st is not None and st.verdict == "crashed", st.proof
+    assert st is not None
+    assert st.verdict == "crashed", st.proof
     assert st.polls - killed_at[0] <= 2
     assert st.cause is not None and st.remedy
 
@@ -206,7 +209,8 @@ def test_max_model_len_beyond_the_model_is_crashed_with_its_cause(host: Path) ->
         sh(f"cp /tmp/vllm.service.bak {UNIT} && systemctl daemon-reload && systemctl stop vllm;"
            " systemctl reset-failed vllm || true")
     st = out.state
-    assert st is not None and st.verdict == "crashed", st.proof
+    assert st is not None
+    assert st.verdict == "crashed", st.proof
     assert st.cause == "max_model_len_exceeds_model"
     assert st.proof and "max_model_len" in st.proof
 
@@ -232,7 +236,8 @@ def test_sigstop_of_the_worker_during_compile_is_stalled_in_that_phase(host: Pat
            f"{STOP}")
     st = out.state
     assert stopped, "the worker was never seen compiling"
-    assert st is not None and st.verdict == "stalled", st.proof
+    assert st is not None
+    assert st.verdict == "stalled", st.proof
     assert st.cause == "stalled_compiling"
     # Within the window: its length after the freeze, plus a poll or two of slack.
     assert st.now is not None and st.now - stopped[0] <= SHORT_STALL_S + 3 * POLL_S

@@ -27,7 +27,7 @@ from vigil import history, inventory, reducer, replay, smoke, watch
 from vigil.budgets import Budgets
 from vigil.errors import HostError
 from vigil.snapshot import Cache, CacheDir, Smoke, Snapshot, Unit
-from vigil.transport import Result
+from vigil.transport import Held, Result
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = Path(__file__).resolve().parent / "fixtures" / "traces"
@@ -74,7 +74,7 @@ class RecordedHost:
             return Result("", "", 0)
         raise AssertionError(f"unexpected command {command[:80]}")
 
-    def hold(self, command: str, ready: Callable[[str], bool]) -> object:
+    def hold(self, command: str, ready: Callable[[str], bool]) -> Held:
         raise AssertionError("the watcher holds nothing")
 
     def close(self) -> None:
