@@ -66,7 +66,9 @@ def host(lab_hosts: object, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 # group ... Input/output error"): a worker orphaned by the kill -9 test would keep
 # spinning on the shared cores. End any leftover.
 STOP = ("systemctl stop vllm; systemctl reset-failed vllm || true; "
-        "pkill -9 -f '^VLLM::' || true; pkill -9 -f '[v]llm.entrypoints' || true")
+        "CG=/sys/fs/cgroup/systemd/system.slice/vllm.service/cgroup.procs; "
+        "for i in $(seq 20); do P=$(cat $CG 2>/dev/null); [ -z \"$P\" ] && break; "
+        "kill -9 $P 2>/dev/null; sleep 0.5; done; true")
 
 
 def start(clear_cache: bool = False) -> None:

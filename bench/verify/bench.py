@@ -38,7 +38,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # systemd inside a lab host cannot always kill the whole cgroup ("Failed to kill control
 # group ... Input/output error"): a worker orphaned by a crash keeps spinning. End any.
 STOP = ("systemctl stop vllm; systemctl reset-failed vllm || true; "
-        "pkill -9 -f '^VLLM::' || true; pkill -9 -f '[v]llm.entrypoints' || true")
+        "CG=/sys/fs/cgroup/systemd/system.slice/vllm.service/cgroup.procs; "
+        "for i in $(seq 20); do P=$(cat $CG 2>/dev/null); [ -z \"$P\" ] && break; "
+        "kill -9 $P 2>/dev/null; sleep 0.5; done; true")
 
 SHELL_LOOP = (": vigil-bench-loop; for i in $(seq 20); do "
               "if curl -sf -o /dev/null http://127.0.0.1:PORT/health; "
