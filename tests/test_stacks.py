@@ -263,8 +263,9 @@ def test_reinstall_builds_beside_and_old_environments_are_collected() -> None:
     assert plan.actions[0].payload["env_dir"] == f"{base}-r5"
     assert plan.actions[0].reason == "--reinstall"
     assert plan.actions[2].payload == {"target": f"{base}-r5"}
-    # kept: current (-r4), the release backup (-r1), the new one, and the 3 newest others
-    assert plan.actions[3].payload == {"paths": ["/opt/vigil/envs/other-stack-0123456789ab"]}
+    # kept: current (-r4, about to become the backup), the new one and the 3 newest others;
+    # the old backup (-r1) is replaced by this deploy's backup and counts as an other
+    assert plan.actions[3].payload == {"paths": [base, "/opt/vigil/envs/other-stack-0123456789ab"]}
     # newest first: with keep=1 only -r3 of the unprotected stays
     assert collect(f, {f"{base}-r5"}, keep=1) == [
         f"{base}-r2", base, "/opt/vigil/envs/other-stack-0123456789ab"]

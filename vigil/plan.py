@@ -164,7 +164,7 @@ def make_plan(
         actions.append(Action("backup", "keep the running release for rollback"))
     actions += writes
     if switch:
-        old = collect(facts, {target})
+        old = collect(facts, {target}, backup_replaced=bool(existed))
         if old:
             actions.append(Action("remove_envs", f"keep the newest environments: {len(old)} "
                                   "old one(s) collected", {"paths": old}))

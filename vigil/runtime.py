@@ -69,10 +69,14 @@ def in_use(base: str, facts: HostFacts) -> str:
     return base
 
 
-def collect(facts: HostFacts, keep_also: set[str], keep: int = KEEP_ENVS) -> list[str]:
+def collect(facts: HostFacts, keep_also: set[str], keep: int = KEEP_ENVS, *,
+            backup_replaced: bool = False) -> list[str]:
     """Old environments to delete: all but the ``keep`` newest, never one that ``current``
-    or the kept release points to, nor ``keep_also`` (the one being switched to)."""
-    protected = {p for p in (facts.current_env, facts.backup_env, *keep_also) if p}
+    or the kept release points to, nor ``keep_also`` (the one being switched to). When the
+    plan replaces the kept release, its old environment is no longer special (the agent
+    re-checks the links when it deletes)."""
+    backup = None if backup_replaced else facts.backup_env
+    protected = {p for p in (facts.current_env, backup, *keep_also) if p}
     others = sorted((e for e in facts.envs if e[0] not in protected),
                     key=lambda e: e[1], reverse=True)
     return [path for path, _, _ in others[keep:]]
