@@ -196,13 +196,13 @@ def test_systemd_unit_and_journal(tmp_path: Path, tree: subprocess.Popen[bytes])
         "print('ControlGroup=/system.slice/nope.service')\n"))
     args_file = tmp_path / "journal-args"
     _fake(tmp_path, "journalctl", (
-        "import json, sys\n"
+        "import json, sys, time\n"
         f"open({str(args_file)!r}, 'w').write(json.dumps(sys.argv[1:]))\n"
         "msgs = ['Starting to load model /m...', list('Model loading took 1 GiB'.encode()),\n"
         "        None, 'line three\\nline four']\n"
         "for i, m in enumerate(msgs):\n"
         "    print(json.dumps({'__CURSOR': 'c%d' % i, "
-        "'__REALTIME_TIMESTAMP': str(1764410400000000 + i), 'MESSAGE': m}))\n"))
+        "'__REALTIME_TIMESTAMP': str(int(time.time() * 1e6) + i), 'MESSAGE': m}))\n"))
     try:
         snap = run_probe("--unit", "vllm.service", "--cursor", "c-old", "--no-nvml",
                          path=str(tmp_path))

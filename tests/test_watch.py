@@ -429,3 +429,20 @@ def test_sigstop_trace_shows_the_frozen_worker_and_a_flat_cache() -> None:
     b = Budgets(stall_s={p: 30.0 for p in reducer.PHASES})
     state = replay.run(snaps, b)
     assert state.proof is not None and "no progress evidence" in state.proof
+
+
+def test_first_poll_skips_the_previous_runs_lines() -> None:
+    """A restart puts the old run's shutdown (EngineDeadError…) in the same second as the
+    new start; the probe's first poll keeps only this run's lines."""
+    from vigil import probe
+
+    start_us = 1_795_949_052_500_000
+    old = {"__REALTIME_TIMESTAMP": str(start_us - 200_000), "_SYSTEMD_INVOCATION_ID": "a1"}
+    new = {"__REALTIME_TIMESTAMP": str(start_us + 10), "_SYSTEMD_INVOCATION_ID": "b2"}
+    pid1 = {"__REALTIME_TIMESTAMP": str(start_us - 100), "INVOCATION_ID": "a1"}  # "Stopped"
+    assert probe._other_start(old, "b2", start_us)
+    assert probe._other_start(pid1, "b2", start_us)
+    assert not probe._other_start(new, "b2", start_us)
+    # Without invocation ids (older systemd), the exact start time decides.
+    assert probe._other_start({"__REALTIME_TIMESTAMP": str(start_us - 1)}, None, start_us)
+    assert not probe._other_start({"__REALTIME_TIMESTAMP": str(start_us)}, None, start_us)

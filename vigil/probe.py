@@ -50,7 +50,7 @@ def _int(text: str, default: int = 0) -> int:
 
 def unit_state(unit: str) -> Json:
     props = "ActiveState,SubState,MainPID,NRestarts,ExecMainStatus," \
-        "ExecMainStartTimestampMonotonic,ControlGroup"
+        "ExecMainStartTimestampMonotonic,ControlGroup,InvocationID"
     try:
         text = _run(["systemctl", "show", unit, "-p", props])
     except Exception as exc:  # any failure becomes the part's error
@@ -72,6 +72,7 @@ def unit_state(unit: str) -> Json:
         "exec_main_start_us": start_us,
         "exec_main_start_epoch": epoch,
         "control_group": kv.get("ControlGroup", ""),
+        "invocation_id": kv.get("InvocationID", ""),
         "error": None,
     }
 
@@ -85,8 +86,18 @@ def _message(value: Any) -> str | None:
     return None
 
 
+def _other_start(rec: Json, invocation: str | None, since_us: int) -> bool:
+    """A line of an earlier run of the unit. `--since` has whole seconds, and a restart
+    puts the old run's shutdown lines (EngineDeadError, …) in the same second as the new
+    start: match journald's invocation id, else the exact start time."""
+    inv = rec.get("_SYSTEMD_INVOCATION_ID") or rec.get("INVOCATION_ID")
+    if invocation and inv:
+        return bool(inv != invocation)
+    return since_us > 0 and _int(rec.get("__REALTIME_TIMESTAMP", "0")) < since_us
+
+
 def journal(unit: str, cursor: str | None, max_lines: int,
-            since_epoch: float | None) -> Json:
+            since_epoch: float | None, invocation: str | None = None) -> Json:
     argv = ["journalctl", "-u", unit, "-o", "json", "--no-pager"]
     if cursor:
         argv += ["--after-cursor", cursor]
@@ -110,6 +121,8 @@ def journal(unit: str, cursor: str | None, max_lines: int,
             except ValueError:
                 continue
             text = _message(rec.get("MESSAGE"))
+            if not cursor and _other_start(rec, invocation, int((since_epoch or 0) * 1e6)):
+                text = None
             if text is not None:
                 us = _int(rec.get("__REALTIME_TIMESTAMP", "0"))
                 for part in text.splitlines() or [""]:
@@ -401,7 +414,8 @@ def snapshot(args: argparse.Namespace) -> Json:
         main_pid = main_pid or int(unit.get("main_pid") or 0)
         cgroup = str(unit.get("control_group") or "")
         since = unit.get("exec_main_start_epoch")
-        snap["journal"] = journal(args.unit, args.cursor, args.max_lines, since)
+        snap["journal"] = journal(args.unit, args.cursor, args.max_lines, since,
+                                  str(unit.get("invocation_id") or "") or None)
     snap["processes"] = processes(cgroup, main_pid)
     snap["gpus"] = gpus(args.no_nvml)
     snap["cache"] = cache(args.user, args.cache_dir or [])

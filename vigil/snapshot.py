@@ -28,6 +28,7 @@ class Unit(_Value):
     exec_main_start_us: int = 0  # CLOCK_MONOTONIC µs, as systemd reports it
     exec_main_start_epoch: float | None = None  # derived on the host
     control_group: str = ""
+    invocation_id: str = ""  # this run of the unit; journald tags its lines with it
     error: str | None = None
 
 
