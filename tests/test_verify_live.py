@@ -31,6 +31,8 @@ from vigil.report import Log
 from vigil.snapshot import Snapshot
 from vigil.watch import Outcome, Settings, verify_target
 
+pytestmark = [pytest.mark.lab, pytest.mark.vllm]
+
 ROOT = Path(__file__).resolve().parent.parent
 HOST, INDEX = "lab5", 5
 POLL_S = 2.0
