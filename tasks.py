@@ -26,6 +26,7 @@ from vigil.config import HostVars
 from vigil.errors import VigilError
 from vigil.exitcodes import ExitCode
 from vigil.remote import call
+from vigil.render import service_paths
 from vigil.report import Log, results_json, summary_table, write_json
 from vigil.transport import Transport, connect, privileged
 
@@ -140,53 +141,69 @@ def render(
         print(f"{unit}\n{env}  (secrets masked)")
 
 
-def _each_host(c: Context, hosts: str, work: Callable[[str, object], None]) -> None:
+def _each_host(
+    c: Context,
+    hosts: str,
+    work: Callable[[str, HostVars, Transport], None],
+    on_error: Callable[[str, VigilError], None],
+) -> None:
+    """Run `work` on every selected host in parallel, each over its own connection."""
     inv = _inventory(c)
-    names = inv.select(hosts)
-    threads = [threading.Thread(target=work, args=(n, inv.host_vars(n))) for n in names]
+    chosen = [(name, inv.host_vars(name)) for name in inv.select(hosts)]
+
+    def run(name: str, hv: HostVars) -> None:
+        try:
+            transport = connect(name, hv)
+            try:
+                work(name, hv, transport)
+            finally:
+                transport.close()
+        except VigilError as exc:
+            on_error(name, exc)
+
+    threads = [threading.Thread(target=run, args=item) for item in chosen]
     for th in threads:
         th.start()
     for th in threads:
         th.join()
 
 
+def _flag(exec_start: str, *names: str) -> str | None:
+    """The value of the first `--name=value` word of an ExecStart line."""
+    words = shlex.split(exec_start) if exec_start else []
+    for name in names:
+        value = next((w.split("=", 1)[1] for w in words if w.startswith(f"--{name}=")), None)
+        if value:
+            return value
+    return None
+
+
 @task(help={"hosts": HOSTS_HELP})
 def status(c: Context, hosts: str = "all") -> None:
     """Unit state, main PID, uptime, model, port and /health of each host."""
     rows: dict[str, str] = {}
-    failed = []
+    failed: list[str] = []
 
-    def work(name: str, hv: object) -> None:
-        from vigil.config import HostVars
-
-        assert isinstance(hv, HostVars)
-        try:
-            transport = connect(name, hv)
-            try:
-                reply = call(transport, hv, "status", {
-                    "unit": hv.service, "port": hv.port,
-                    "unit_path": f"{hv.unit_dir}/{hv.service}.service",
-                })
-            finally:
-                transport.close()
-        except VigilError as exc:
-            rows[name] = f"unreachable  {str(exc).splitlines()[0]}"
-            failed.append(name)
-            return
+    def work(name: str, hv: HostVars, transport: Transport) -> None:
+        reply = call(transport, hv, "status", {
+            "unit": hv.service, "port": hv.port, "unit_path": service_paths(hv)["unit"]})
         svc = reply["service"]
-        words = shlex.split(reply["exec_start"]) if reply["exec_start"] else []
-        model = next((w.split("=", 1)[1] for w in words if w.startswith("--model=")), "-")
-        port = next((w.split("=", 1)[1] for w in words if w.startswith("--port=")), "-")
         up = reply.get("uptime_s")
         uptime = f"{int(up // 3600)}h{int(up % 3600 // 60):02d}m{int(up % 60):02d}s" if up else "-"
         rows[name] = (
             f"{svc.get('ActiveState', '?')}/{svc.get('SubState', '?'):<9} "
-            f"pid {svc.get('MainPID', '-'):<7} up {uptime:<10} port {port:<5} "
-            f"health {reply.get('health') or '-':<4} model {model}"
+            f"pid {svc.get('MainPID', '-'):<7} up {uptime:<10} "
+            f"port {_flag(reply['exec_start'], 'port') or '-':<5} "
+            f"health {reply.get('health') or '-':<4} "
+            f"model {_flag(reply['exec_start'], 'model') or '-'}"
         )
 
+    def unreachable(name: str, exc: VigilError) -> None:
+        rows[name] = f"unreachable  {str(exc).splitlines()[0]}"
+        failed.append(name)
+
     with _errors():
-        _each_host(c, hosts, work)
+        _each_host(c, hosts, work, unreachable)
     width = max(len(n) for n in rows)
     for name in sorted(rows):
         print(f"{name:<{width}}  {rows[name]}")
@@ -199,31 +216,21 @@ def logs(c: Context, hosts: str = "all", follow: bool = False, lines: int = 100)
     """The service's journal on each host."""
     log = Log()
 
-    def work(name: str, hv: object) -> None:
-        from vigil.config import HostVars
-
-        assert isinstance(hv, HostVars)
+    def work(name: str, hv: HostVars, transport: Transport) -> None:
         command = privileged(
             f"journalctl -u {shlex.quote(hv.service)} -n {int(lines)} --no-pager -o short-iso"
             + (" -f" if follow else ""), hv,
         )
-        try:
-            transport = connect(name, hv)
-            try:
-                if follow:
-                    held = transport.hold(command, ready=lambda _: True)
-                    while (line := held.readline(timeout=3600)) != "":
-                        if line:
-                            log(name, line.rstrip("\n"))
-                else:
-                    log(name, transport.run(command, timeout=60).stdout.rstrip("\n"))
-            finally:
-                transport.close()
-        except VigilError as exc:
-            log(name, f"error: {exc}")
+        if not follow:
+            log(name, transport.run(command, timeout=60).stdout.rstrip("\n"))
+            return
+        held = transport.hold(command)
+        while (line := held.readline(timeout=3600)) != "":
+            if line:
+                log(name, line.rstrip("\n"))
 
     with _errors():
-        _each_host(c, hosts, work)
+        _each_host(c, hosts, work, lambda name, exc: log(name, f"error: {exc}"))
 
 
 def _watch_rollback(c: Context, name: str, hv: HostVars, transport: Transport, served: str,
@@ -256,46 +263,28 @@ def _watch_rollback(c: Context, name: str, hv: HostVars, transport: Transport, s
 def rollback(c: Context, hosts: str = "all", no_wait: bool = False) -> None:
     """Put the previous unit, env file and environment back, restart, wait until serving."""
     log = Log()
-    failed = []
+    failed: list[str] = []
 
-    def work(name: str, hv: object) -> None:
-        from vigil.config import HostVars
-        from vigil.render import STATE_ROOT
+    def work(name: str, hv: HostVars, transport: Transport) -> None:
+        paths = service_paths(hv)
+        reply = call(transport, hv, "rollback", {"unit": hv.service, "paths": paths},
+                     timeout=600)
+        if not reply["ok"]:
+            raise VigilError(f"{name}: rollback failed: {reply['error']}")
+        log(name, f"restored {', '.join(reply['restored'])}; restarted")
+        if not no_wait:
+            st = call(transport, hv, "status", {
+                "unit": hv.service, "port": hv.port, "unit_path": paths["unit"]})
+            served = _flag(st["exec_start"], "served-model-name", "model") or ""
+            res = _watch_rollback(c, name, hv, transport, served, log)
+            log(name, f"serving again, pid {res}")
 
-        assert isinstance(hv, HostVars)
-        try:
-            transport = connect(name, hv)
-            try:
-                unit_path = f"{hv.unit_dir}/{hv.service}.service"
-                reply = call(transport, hv, "rollback", {
-                    "unit": hv.service,
-                    "paths": {
-                        "unit": unit_path,
-                        "env": f"{hv.config_dir}/{hv.service}.env",
-                        "current": f"{hv.env_root}/current",
-                        "backup_dir": f"{STATE_ROOT}/backup/{hv.service}",
-                    },
-                }, timeout=600)
-                if not reply["ok"]:
-                    raise VigilError(f"{name}: rollback failed: {reply['error']}")
-                log(name, f"restored {', '.join(reply['restored'])}; restarted")
-                if not no_wait:
-                    st = call(transport, hv, "status", {
-                        "unit": hv.service, "port": hv.port, "unit_path": unit_path})
-                    words = shlex.split(st["exec_start"])
-                    served = next((w.split("=", 1)[1] for w in words
-                                   if w.startswith("--served-model-name=")), None) or next(
-                        (w.split("=", 1)[1] for w in words if w.startswith("--model=")), "")
-                    res = _watch_rollback(c, name, hv, transport, served, log)
-                    log(name, f"serving again, pid {res}")
-            finally:
-                transport.close()
-        except VigilError as exc:
-            log(name, f"FAILED: {exc}")
-            failed.append(name)
+    def fail(name: str, exc: VigilError) -> None:
+        log(name, f"FAILED: {exc}")
+        failed.append(name)
 
     with _errors():
-        _each_host(c, hosts, work)
+        _each_host(c, hosts, work, fail)
     if failed:
         raise Exit(code=int(ExitCode.FAILED))
 

@@ -69,16 +69,27 @@ class Paths:
     lock: str
 
 
+def service_paths(host: HostVars) -> dict[str, str]:
+    """The files of one release (what a rollback swaps), independent of the stack."""
+    svc = host.service
+    return {
+        "unit": f"{host.unit_dir}/{svc}.service",
+        "env": f"{host.config_dir}/{svc}.env",
+        "current": f"{host.env_root}/current",
+        "backup_dir": f"{STATE_ROOT}/backup/{svc}",
+    }
+
+
 def paths_for(host: HostVars, stack: Stack) -> Paths:
     svc = host.service
-    current = f"{host.env_root}/current"
+    release = service_paths(host)
     return Paths(
-        unit=f"{host.unit_dir}/{svc}.service",
-        env=f"{host.config_dir}/{svc}.env",
+        unit=release["unit"],
+        env=release["env"],
         env_dir=f"{host.env_root}/{stack.name}-{stack_hash(stack)}",
-        current=current,
-        python=f"{current}/bin/python",
-        backup_dir=f"{STATE_ROOT}/backup/{svc}",
+        current=release["current"],
+        python=f"{release['current']}/bin/python",
+        backup_dir=release["backup_dir"],
         state=f"{STATE_ROOT}/{svc}",
         cache=f"{CACHE_ROOT}/{svc}",
         lock=f"{STATE_ROOT}/{svc}.lock",

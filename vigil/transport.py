@@ -44,7 +44,9 @@ class Transport(Protocol):
 
     def run(self, command: str, *, stdin: str = "", timeout: float | None = None) -> Result: ...
 
-    def hold(self, command: str, ready: Callable[[str], bool]) -> Held: ...
+    def hold(self, command: str) -> Held:
+        """Start a command whose life is a resource; stdin stays open until release."""
+        ...
 
     def close(self) -> None: ...
 
@@ -103,7 +105,7 @@ class LocalTransport:
             raise HostError(self.name, f"command timed out after {timeout:.0f} s") from None
         return Result(proc.stdout, proc.stderr, proc.returncode)
 
-    def hold(self, command: str, ready: Callable[[str], bool]) -> _LocalHeld:
+    def hold(self, command: str) -> _LocalHeld:
         self.round_trips += 1
         proc = subprocess.Popen(
             ["bash", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
@@ -268,7 +270,7 @@ class SSHTransport:
         channel.close()
         return Result(out.decode(errors="replace"), err.decode(errors="replace"), status)
 
-    def hold(self, command: str, ready: Callable[[str], bool]) -> _SSHHeld:
+    def hold(self, command: str) -> _SSHHeld:
         self.round_trips += 1
         return _SSHHeld(self._channel(command))
 
@@ -316,7 +318,7 @@ def host_lock(
         f"LOCK={shlex.quote(path)} WAIT={int(timeout)} OWNER={shlex.quote(owner)} "
         f"bash -c {shlex.quote(_LOCK_SCRIPT)}"
     )
-    held = transport.hold(privileged(script, host), ready=lambda line: line == "LOCKED")
+    held = transport.hold(privileged(script, host))
     try:
         deadline = time.monotonic() + timeout + 30
         while True:
