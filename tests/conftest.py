@@ -1,5 +1,25 @@
-"""Shared fixtures: the real lab hosts (see tests/lab_fixtures.py)."""
+"""Shared fixtures: the real lab hosts (see tests/lab_fixtures.py) and small inventories."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
 
 from tests.lab_fixtures import lab_hosts
+from vigil import deploy, inventory
 
-__all__ = ["lab_hosts"]
+__all__ = ["lab_hosts", "target_in"]
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def target_in(tmp_path: Path, hosts_yml: str, host: str,
+              operator_env: Mapping[str, str] | None = None) -> deploy.Target:
+    """Resolve `host` in a throwaway inventory: the shipped profiles and stacks plus
+    the given hosts.yml."""
+    inv = tmp_path / "inventory"
+    for part in ("models", "stacks"):
+        shutil.copytree(REPO / "inventory" / part, inv / part)
+    (inv / "hosts.yml").write_text(hosts_yml)
+    return deploy.resolve(inventory.load(inv), host, operator_env=operator_env or {})[0]

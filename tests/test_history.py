@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import target_in
 from vigil import deploy as deploy_mod
-from vigil import history, inventory
+from vigil import history
 from vigil.budgets import BudgetKey, HistoryRecord, plan_budgets
 from vigil.config import Gpu
 from vigil.errors import ConfigError
@@ -32,14 +32,9 @@ def rec(started: float, cache: str = "cold", host: str = "lab5", verdict: str = 
 
 @pytest.fixture
 def target(tmp_path: Path) -> deploy_mod.Target:
-    inv = tmp_path / "inventory"
-    shutil.copytree(ROOT / "inventory" / "models", inv / "models")
-    shutil.copytree(ROOT / "inventory" / "stacks", inv / "stacks")
-    (inv / "hosts.yml").write_text(
-        "hosts:\n  lab5: {address: 127.0.0.1, model: tiny-cpu, stack: lab-cpu, "
-        "secret_env: [HF_TOKEN]}\n")
-    return deploy_mod.resolve(inventory.load(inv), "lab5",
-                              operator_env={"HF_TOKEN": "hf_one"})[0]
+    return target_in(tmp_path, "hosts:\n  lab5: {address: 127.0.0.1, model: tiny-cpu, "
+                     "stack: lab-cpu, secret_env: [HF_TOKEN]}\n", "lab5",
+                     operator_env={"HF_TOKEN": "hf_one"})
 
 
 def test_key_from_a_cpu_host_and_a_gpu_host(target: deploy_mod.Target) -> None:

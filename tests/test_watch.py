@@ -12,7 +12,6 @@ import dataclasses
 import http.server
 import json
 import shlex
-import shutil
 import subprocess
 import sys
 import threading
@@ -22,8 +21,9 @@ from typing import ClassVar
 
 import pytest
 
+from tests.conftest import target_in
 from vigil import deploy as deploy_mod
-from vigil import history, inventory, reducer, replay, smoke, watch
+from vigil import history, reducer, replay, smoke, watch
 from vigil.budgets import Budgets
 from vigil.errors import HostError
 from vigil.snapshot import Cache, CacheDir, Smoke, Snapshot, Unit
@@ -97,13 +97,8 @@ class FakeClock:
 @pytest.fixture
 def lab_target(tmp_path: Path) -> deploy_mod.Target:
     """A lab-like host (the real tiny-cpu profile and lab-cpu stack) in a tmp inventory."""
-    inv = tmp_path / "inventory"
-    shutil.copytree(ROOT / "inventory" / "models", inv / "models")
-    shutil.copytree(ROOT / "inventory" / "stacks", inv / "stacks")
-    (inv / "hosts.yml").write_text(
-        "hosts:\n  lab5: {address: 127.0.0.1, ssh_port: 2205, model: tiny-cpu, "
-        "stack: lab-cpu, host_key_check: false}\n")
-    return deploy_mod.resolve(inventory.load(inv), "lab5")[0]
+    return target_in(tmp_path, "hosts:\n  lab5: {address: 127.0.0.1, ssh_port: 2205, "
+                     "model: tiny-cpu, stack: lab-cpu, host_key_check: false}\n", "lab5")
 
 
 # -- the loop -----------------------------------------------------------------------
