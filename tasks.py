@@ -7,10 +7,7 @@ Config layers (Invoke): defaults < invoke.yaml < ~/.invoke.yaml < INVOKE_VIGIL_*
 from __future__ import annotations
 
 import shlex
-import sys
-import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 from invoke.collection import Collection
@@ -21,7 +18,7 @@ from invoke.tasks import task
 import lab.tasks
 import vigil.cli_runtime
 from vigil import deploy as deploy_mod
-from vigil import inventory as inventory_mod
+from vigil.cli import HOSTS_HELP, load_inventory, parallel, setting, user_errors
 from vigil.config import HostVars
 from vigil.errors import VigilError
 from vigil.exitcodes import ExitCode
@@ -29,30 +26,6 @@ from vigil.remote import call
 from vigil.render import service_paths
 from vigil.report import Log, results_json, summary_table, write_json
 from vigil.transport import Transport, connect, privileged
-
-ROOT = Path(__file__).resolve().parent
-
-
-def _setting(c: Context, key: str) -> Path:
-    value = Path(str(c.config.vigil[key]))
-    return value if value.is_absolute() else ROOT / value
-
-
-def _inventory(c: Context) -> inventory_mod.Inventory:
-    return inventory_mod.load(_setting(c, "inventory"))
-
-
-@contextmanager
-def _errors() -> Iterator[None]:
-    """A user mistake prints one clear message and exits with its code; no traceback."""
-    try:
-        yield
-    except VigilError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise Exit(code=int(exc.exit_code)) from None
-
-
-HOSTS_HELP = "host names, group names or 'all', comma separated"
 
 
 @task(
@@ -85,17 +58,17 @@ def deploy(
     kill_stale: bool = False,
 ) -> None:
     """Plan, apply, restart only what changed, and wait until the service serves."""
-    with _errors():
-        inv = _inventory(c)
+    with user_errors():
+        inv = load_inventory(c)
         targets = deploy_mod.resolve(
             inv, hosts, model=model, stack=stack, sets=set_ or [],
-            template_dir=_setting(c, "templates"),
+            template_dir=setting(c, "templates"),
         )
         log = Log(width=max(len(t.name) for t in targets))
         results = deploy_mod.deploy(
             targets, deploy_mod.Options(check=check, restart=restart, wait=not no_wait,
                                         reinstall=reinstall, kill_stale=kill_stale,
-                                        state_dir=_setting(c, "state_dir")), log
+                                        state_dir=setting(c, "state_dir")), log
         )
         print(summary_table(results))
         if json:
@@ -123,10 +96,10 @@ def render(
     set_: list[str] | None = None,
 ) -> None:
     """Write the rendered unit and env file (secrets masked) to a directory."""
-    with _errors():
+    with user_errors():
         targets = deploy_mod.resolve(
-            _inventory(c), host, model=model, stack=stack, sets=set_ or [],
-            template_dir=_setting(c, "templates"), require_secrets=False,
+            load_inventory(c), host, model=model, stack=stack, sets=set_ or [],
+            template_dir=setting(c, "templates"), require_secrets=False,
         )
         if len(targets) != 1:
             raise VigilError(f"--host {host!r} names {len(targets)} hosts; name one")
@@ -148,7 +121,7 @@ def _each_host(
     on_error: Callable[[str, VigilError], None],
 ) -> None:
     """Run `work` on every selected host in parallel, each over its own connection."""
-    inv = _inventory(c)
+    inv = load_inventory(c)
     chosen = [(name, inv.host_vars(name)) for name in inv.select(hosts)]
 
     def run(name: str, hv: HostVars) -> None:
@@ -161,11 +134,7 @@ def _each_host(
         except VigilError as exc:
             on_error(name, exc)
 
-    threads = [threading.Thread(target=run, args=item) for item in chosen]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    parallel(chosen, lambda item: run(*item))
 
 
 def _flag(exec_start: str, *names: str) -> str | None:
@@ -202,7 +171,7 @@ def status(c: Context, hosts: str = "all") -> None:
         rows[name] = f"unreachable  {str(exc).splitlines()[0]}"
         failed.append(name)
 
-    with _errors():
+    with user_errors():
         _each_host(c, hosts, work, unreachable)
     width = max(len(n) for n in rows)
     for name in sorted(rows):
@@ -229,7 +198,7 @@ def logs(c: Context, hosts: str = "all", follow: bool = False, lines: int = 100)
             if line:
                 log(name, line.rstrip("\n"))
 
-    with _errors():
+    with user_errors():
         _each_host(c, hosts, work, lambda name, exc: log(name, f"error: {exc}"))
 
 
@@ -246,7 +215,7 @@ def _watch_rollback(c: Context, name: str, hv: HostVars, transport: Transport, s
         cache_dir=f"{CACHE_ROOT}/{hv.service}", python=f"{hv.env_root}/current/bin/python",
         model=served, api_key=dict(hv.env).get("VLLM_API_KEY"))
     reporter = verify_report.Reporter(live=False, emit=log)
-    out = watch.watch_service(name, transport, target, settings, _setting(c, "state_dir"),
+    out = watch.watch_service(name, transport, target, settings, setting(c, "state_dir"),
                               privileged_fn=lambda cmd: privileged(cmd, hv),
                               on_poll=reporter.poll)
     if out.error is not None:
@@ -283,7 +252,7 @@ def rollback(c: Context, hosts: str = "all", no_wait: bool = False) -> None:
         log(name, f"FAILED: {exc}")
         failed.append(name)
 
-    with _errors():
+    with user_errors():
         _each_host(c, hosts, work, fail)
     if failed:
         raise Exit(code=int(ExitCode.FAILED))
@@ -327,12 +296,12 @@ def verify(
 
     from vigil import verify_report, watch
 
-    with _errors():
+    with user_errors():
         settings = _watch_settings(c, poll, stall)
         assert isinstance(settings, watch.Settings)
-        targets = deploy_mod.resolve(_inventory(c), hosts, model=model,
-                                     template_dir=_setting(c, "templates"))
-        state_dir = _setting(c, "state_dir")
+        targets = deploy_mod.resolve(load_inventory(c), hosts, model=model,
+                                     template_dir=setting(c, "templates"))
+        state_dir = setting(c, "state_dir")
         with verify_report.Reporter() as rep, ThreadPoolExecutor(
                 max_workers=min(16, len(targets))) as pool:
             outcomes = list(pool.map(lambda t: watch.verify_target(
@@ -353,9 +322,9 @@ def history(c: Context, model: str | None = None, hosts: str | None = None) -> N
     from vigil import history as history_mod
     from vigil import verify_report
 
-    with _errors():
-        names = _inventory(c).select(hosts) if hosts else None
-        mirror = history_mod.Mirror(_setting(c, "state_dir") / "history.sqlite")
+    with user_errors():
+        names = load_inventory(c).select(hosts) if hosts else None
+        mirror = history_mod.Mirror(setting(c, "state_dir") / "history.sqlite")
         print(verify_report.history_table(mirror.records(model=model, hosts=names)))
 
 
@@ -366,7 +335,7 @@ def replay(c: Context, file: str, json: bool = False) -> None:
 
     from vigil import replay as replay_mod
 
-    with _errors():
+    with user_errors():
         out = replay_mod.replay_file(file)
     if json:
         print(json_mod.dumps(out, indent=2))

@@ -4,10 +4,7 @@ stack rule engine. Registered in tasks.py."""
 
 from __future__ import annotations
 
-import sys
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +16,7 @@ from invoke.tasks import task
 
 from vigil import deploy as deploy_mod
 from vigil import inventory as inventory_mod
+from vigil.cli import HOSTS_HELP, load_inventory, parallel, setting, user_errors
 from vigil.config import HostVars
 from vigil.errors import ConfigError, VigilError
 from vigil.exitcodes import ExitCode
@@ -29,28 +27,6 @@ from vigil.runtime import findings, pip_for
 from vigil.stacks import check as check_stack
 from vigil.stacks import pip_check_problems
 from vigil.transport import connect
-
-ROOT = Path(__file__).resolve().parent.parent
-HOSTS_HELP = "host names, group names or 'all', comma separated"
-
-
-def _inventory(c: Context) -> inventory_mod.Inventory:
-    value = Path(str(c.config.vigil["inventory"]))
-    return inventory_mod.load(value if value.is_absolute() else ROOT / value)
-
-
-def _parallel(names: list[str], work: Callable[[str], None]) -> None:
-    threads = [threading.Thread(target=work, args=(n,)) for n in names]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-
-
-def _fail(exc: VigilError) -> Exit:
-    print(f"error: {exc}", file=sys.stderr)
-    return Exit(code=int(exc.exit_code))
-
 
 # -- stack.check ----------------------------------------------------------------------
 
@@ -119,19 +95,17 @@ def drift(inv: inventory_mod.Inventory, name: str, stack: str | None,
 def check(c: Context, hosts: str = "all", stack: str | None = None,
           no_pip_check: bool = False) -> None:
     """Drift report: the running environment against its stack's pins and rules."""
-    try:
-        inv = _inventory(c)
+    with user_errors():
+        inv = load_inventory(c)
         names = inv.select(hosts)
         for n in names:  # bad input fails before any connection
             inv.stack(stack_of(inv, n, inv.host_vars(n), stack))
-    except VigilError as exc:
-        raise _fail(exc) from None
     results: dict[str, Drift] = {}
 
     def work(n: str) -> None:
         results[n] = drift(inv, n, stack, pip_check=not no_pip_check)
 
-    _parallel(names, work)
+    parallel(names, work)
     width = max(len(n) for n in names)
     for n in names:
         d = results[n]
@@ -198,8 +172,9 @@ def preflight(c: Context, model: str | None = None, hosts: str = "all",
               kill_stale: bool = False) -> None:
     """Facts and go/no-go for a deploy; changes nothing."""
     try:
-        targets = deploy_mod.resolve(_inventory(c), hosts, model=model, stack=stack,
-                                     sets=set_ or [], require_secrets=False)
+        targets = deploy_mod.resolve(load_inventory(c), hosts, model=model, stack=stack,
+                                     sets=set_ or [], require_secrets=False,
+                                     template_dir=setting(c, "templates"))
     except VigilError as exc:
         print(f"NO-GO  {exc}")
         raise Exit(code=int(exc.exit_code)) from None
@@ -219,7 +194,7 @@ def preflight(c: Context, model: str | None = None, hosts: str = "all",
         found = problems(t.name, t.profile, t.rendered, facts, kill_stale=kill_stale)
         reports[name] = (_facts_lines(t, facts), found, None)
 
-    _parallel([t.name for t in targets], work)
+    parallel([t.name for t in targets], work)
     code = 0
     for t in targets:
         lines, found, error = reports[t.name]
