@@ -159,6 +159,8 @@ FATALS = [
     ("engine_dead", "Worker proc VllmWorker-3 died unexpectedly, shutting down executor."),
     ("engine_dead", "WorkerProc hit an exception."),
     ("engine_dead", "Worker failed with error 'boom'"),
+    ("engine_killed", "RuntimeError: Engine core initialization failed. See root cause above. "
+     "Failed core proc(s): {}"),
     ("unknown", "WorkerProc failed to start."),
     ("unknown", "EngineCore failed to start."),
     ("unknown", "RuntimeError: Engine core initialization failed. See root cause above. "

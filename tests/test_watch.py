@@ -389,7 +389,7 @@ LAB_TRACES = {
     "lab-warm-ready.jsonl": ("ready", None, Budgets()),
     "lab-cpu-quota-ready.jsonl": ("ready", None,
                                   Budgets(stall_s={p: 30.0 for p in reducer.PHASES})),
-    "lab-kill9-crashed.jsonl": ("crashed", None, Budgets()),
+    "lab-kill9-crashed.jsonl": ("crashed", "engine_killed", Budgets()),
     "lab-max-model-len-crashed.jsonl": ("crashed", "max_model_len_exceeds_model", Budgets()),
     "lab-sigstop-stalled.jsonl": ("stalled", "stalled_compiling",
                                   Budgets(stall_s={p: 30.0 for p in reducer.PHASES})),

@@ -205,6 +205,10 @@ FATALS: tuple[_Fatal, ...] = (
     _f("engine_dead",
        r"EngineDeadError|EngineCore encountered a fatal error|Worker proc \S+ died unexpectedly"
        r"|WorkerProc hit an exception|Worker failed with error"),
+    # The API server lists no failed process and no root cause came before: the engine
+    # core vanished without a traceback of its own, i.e. a signal (OOM killer, kill -9).
+    _f("engine_killed",
+       r"Engine core initialization failed\. See root cause above\. Failed core proc\(s\): \{\}"),
     _f("unknown",
        r"WorkerProc failed to start|EngineCore failed to start"
        r"|Engine core initialization failed", specific=False),
@@ -252,6 +256,10 @@ REMEDIES: dict[str, str] = {
         "the engine died after starting: read the traceback before this line in the "
         "journal (journalctl -u UNIT); a first completion failing after /health 200 often "
         "means the model is unsupported on this backend",
+    "engine_killed":
+        "the engine core died without an error of its own, so it was killed: look for the "
+        "kernel's OOM killer (journalctl -k | grep -i 'killed process') or an operator's "
+        "kill; free host memory or lower --gpu-memory-utilization, then restart",
     "unknown":
         "the engine failed to start: read the root-cause traceback above this line in "
         "the journal (journalctl -u UNIT -n 200)",
