@@ -183,7 +183,8 @@ def test_every_required_cause_has_a_pattern_and_a_remedy() -> None:
                 "unknown"}
     assert required <= {f.cause for f in catalog.FATALS}
     assert required <= set(catalog.REMEDIES)
-    assert {c for c, _ in FATALS} == required
+    # every cause the catalog knows is exercised by a line above
+    assert {c for c, _ in FATALS} == {f.cause for f in catalog.FATALS}
 
 
 def test_remedies_name_the_concrete_fix() -> None:
