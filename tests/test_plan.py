@@ -49,7 +49,7 @@ def facts_for(t: Target, **changes: Any) -> HostFacts:
             data[key] = {**data[key], **value}
         else:
             data[key] = value
-    return parse_facts("llm-one", json.dumps(data))
+    return parse_facts("llm-one", json.loads(json.dumps(data)))  # as it crosses the wire
 
 
 def kinds(t: Target, f: HostFacts, **kw: Any) -> list[str]:

@@ -119,10 +119,7 @@ def agent_request(t: Target) -> dict[str, Any]:
 
 
 def gather(transport: Transport, t: Target) -> HostFacts:
-    reply = call(transport, t.vars, "facts", agent_request(t), timeout=120)
-    import json
-
-    return parse_facts(t.name, json.dumps(reply))
+    return parse_facts(t.name, call(transport, t.vars, "facts", agent_request(t), timeout=120))
 
 
 def lock_owner() -> str:

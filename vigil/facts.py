@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,11 +73,10 @@ def parse_service(props: dict[str, str]) -> ServiceState:
     )
 
 
-def parse_facts(host: str, stdout: str) -> HostFacts:
-    try:
-        data = json.loads(stdout)
-    except ValueError:
-        raise HostError(host, f"unexpected facts output: {stdout[:300]!r}") from None
+def parse_facts(host: str, data: dict[str, Any]) -> HostFacts:
+    """The agent's `facts` reply (already decoded by remote.call) as typed values."""
+    if not isinstance(data.get("files"), dict):
+        raise HostError(host, f"unexpected facts reply: {str(data)[:300]}")
     files = data["files"]
     env = files.get("env")
     model = data.get("model") or {}
