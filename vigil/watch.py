@@ -23,6 +23,7 @@ from typing import IO, TYPE_CHECKING
 from vigil import history, reducer, smoke
 from vigil.budgets import MIN_SAMPLES, BudgetKey, BudgetPlan, Budgets, HistoryRecord, plan_budgets
 from vigil.errors import HostError, VigilError
+from vigil.exitcodes import ExitCode
 from vigil.snapshot import Smoke, Snapshot
 from vigil.transport import Transport, connect, privileged
 
@@ -32,7 +33,9 @@ if TYPE_CHECKING:  # deploy imports this module
 Clock = Callable[[], float]
 Sleep = Callable[[float], None]
 
-VERDICT_EXIT = {"ready": 0, "crashed": 3, "stalled": 4, "timed_out": 5}
+# The documented exit codes (vigil/exitcodes.py) of each terminal verdict.
+VERDICT_EXIT = {"ready": ExitCode.OK, "crashed": ExitCode.CRASHED,
+                "stalled": ExitCode.STALLED, "timed_out": ExitCode.TIMED_OUT}
 
 
 @cache
@@ -318,7 +321,7 @@ def verify_target(
                           max_failures=settings.max_probe_failures, host=t.name)
         out.state = state
         out.smoke = smokes[-1] if smokes else None
-        out.exit_code = VERDICT_EXIT.get(state.verdict or "", 1)
+        out.exit_code = int(VERDICT_EXIT.get(state.verdict or "", ExitCode.FAILED))
         if out.observed_start and state.started_at is not None:
             rec = HistoryRecord(
                 key=key, started_at=state.started_at, verdict=state.verdict or "unknown",
@@ -340,7 +343,7 @@ def verify_target(
         out.exit_code = int(exc.exit_code)
     except ValueError as exc:  # the probe's output was not a snapshot
         out.error = f"{t.name}: {exc}"
-        out.exit_code = 1
+        out.exit_code = int(ExitCode.FAILED)
     finally:
         if transport is not None:
             out.round_trips = transport.round_trips
@@ -398,11 +401,11 @@ def watch_service(
                               clock=clock, sleep=sleep, on_poll=poll, trace=fh,
                               max_failures=settings.max_probe_failures, host=name)
         out.smoke = smokes[-1] if smokes else None
-        out.exit_code = VERDICT_EXIT.get(out.state.verdict or "", 1)
+        out.exit_code = int(VERDICT_EXIT.get(out.state.verdict or "", ExitCode.FAILED))
     except VigilError as exc:
         out.error, out.exit_code = str(exc), int(exc.exit_code)
     except (OSError, ValueError) as exc:
-        out.error, out.exit_code = f"{name}: {exc}", 1
+        out.error, out.exit_code = f"{name}: {exc}", int(ExitCode.FAILED)
     out.probe_s = list(poller.probe_s)
     out.seconds = round(clock() - t_start, 2)
     return out
