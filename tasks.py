@@ -16,16 +16,17 @@ from invoke.exceptions import Exit
 from invoke.tasks import task
 
 import lab.tasks
-import vigil.cli_runtime
-from vigil import deploy as deploy_mod
-from vigil.cli import HOSTS_HELP, load_inventory, parallel, setting, user_errors
-from vigil.config import HostVars
+import vigil.tasks.runtime
+from vigil.deploy import apply as deploy_mod
+from vigil.desired import targets as targets_mod
+from vigil.desired.config import HostVars
+from vigil.desired.render import service_paths
 from vigil.errors import VigilError
 from vigil.exitcodes import ExitCode
-from vigil.remote import call
-from vigil.render import service_paths
 from vigil.report import Log, results_json, summary_table, write_json
-from vigil.transport import Transport, connect, privileged
+from vigil.tasks.common import HOSTS_HELP, load_inventory, parallel, setting, user_errors
+from vigil.transport.remote import call
+from vigil.transport.ssh import Transport, connect, privileged
 
 
 @task(
@@ -60,7 +61,7 @@ def deploy(
     """Plan, apply, restart only what changed, and wait until the service serves."""
     with user_errors():
         inv = load_inventory(c)
-        targets = deploy_mod.resolve(
+        targets = targets_mod.resolve(
             inv, hosts, model=model, stack=stack, sets=set_ or [],
             template_dir=setting(c, "templates"),
         )
@@ -97,7 +98,7 @@ def render(
 ) -> None:
     """Write the rendered unit and env file (secrets masked) to a directory."""
     with user_errors():
-        targets = deploy_mod.resolve(
+        targets = targets_mod.resolve(
             load_inventory(c), host, model=model, stack=stack, sets=set_ or [],
             template_dir=setting(c, "templates"), require_secrets=False,
         )
@@ -205,8 +206,9 @@ def logs(c: Context, hosts: str = "all", follow: bool = False, lines: int = 100)
 def _watch_rollback(c: Context, name: str, hv: HostVars, transport: Transport, served: str,
                     log: Log) -> int | None:
     """Watch the restored release start with the verify watcher; its main PID."""
-    from vigil import verify_report, watch
-    from vigil.render import CACHE_ROOT
+    from vigil.desired.render import CACHE_ROOT
+    from vigil.verify import report as verify_report
+    from vigil.verify import watch
 
     settings = _watch_settings(c, None, None)
     assert isinstance(settings, watch.Settings)
@@ -259,7 +261,7 @@ def rollback(c: Context, hosts: str = "all", no_wait: bool = False) -> None:
 
 
 def _watch_settings(c: Context, poll: float | None, stall: float | None) -> object:
-    from vigil.watch import Settings
+    from vigil.verify.watch import Settings
 
     cfg = c.config.vigil
     poll_s = float(poll if poll is not None else cfg.get("poll_s", 5.0))
@@ -294,12 +296,13 @@ def verify(
     """Watch each host's vLLM start phase by phase: ready, stalled, crashed or timed out."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from vigil import verify_report, watch
+    from vigil.verify import report as verify_report
+    from vigil.verify import watch
 
     with user_errors():
         settings = _watch_settings(c, poll, stall)
         assert isinstance(settings, watch.Settings)
-        targets = deploy_mod.resolve(load_inventory(c), hosts, model=model,
+        targets = targets_mod.resolve(load_inventory(c), hosts, model=model,
                                      template_dir=setting(c, "templates"))
         state_dir = setting(c, "state_dir")
         with verify_report.Reporter() as rep, ThreadPoolExecutor(
@@ -319,8 +322,8 @@ def verify(
 @task(help={"model": "only this model profile", "hosts": HOSTS_HELP + " (default: every host)"})
 def history(c: Context, model: str | None = None, hosts: str | None = None) -> None:
     """Past starts from the local mirror: phase durations, verdicts, cold/warm."""
-    from vigil import history as history_mod
-    from vigil import verify_report
+    from vigil.verify import history as history_mod
+    from vigil.verify import report as verify_report
 
     with user_errors():
         names = load_inventory(c).select(hosts) if hosts else None
@@ -333,7 +336,7 @@ def replay(c: Context, file: str, json: bool = False) -> None:
     """Re-run the watcher on a recorded trace or a vLLM log: phases and verdict."""
     import json as json_mod
 
-    from vigil import replay as replay_mod
+    from vigil.verify import replay as replay_mod
 
     with user_errors():
         out = replay_mod.replay_file(file)
@@ -353,7 +356,7 @@ def replay(c: Context, file: str, json: bool = False) -> None:
 
 ns = Collection(deploy, render, status, logs, rollback, verify, history, replay)
 ns.add_collection(lab.tasks.ns)
-ns.add_task(vigil.cli_runtime.preflight)
-ns.add_collection(vigil.cli_runtime.stack)
+ns.add_task(vigil.tasks.runtime.preflight)
+ns.add_collection(vigil.tasks.runtime.stack)
 ns.configure({"vigil": {"inventory": "inventory", "templates": "templates", "state_dir": "state",
                         "poll_s": 5.0, "history_min_samples": 3}})

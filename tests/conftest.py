@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from tests.lab_fixtures import lab_hosts
-from vigil import deploy, inventory
+from vigil.desired import inventory
+from vigil.desired import targets as targets_mod
 
 __all__ = ["lab_hosts", "target_in"]
 
@@ -15,11 +16,11 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def target_in(tmp_path: Path, hosts_yml: str, host: str,
-              operator_env: Mapping[str, str] | None = None) -> deploy.Target:
+              operator_env: Mapping[str, str] | None = None) -> targets_mod.Target:
     """Resolve `host` in a throwaway inventory: the shipped profiles and stacks plus
     the given hosts.yml."""
     inv = tmp_path / "inventory"
     for part in ("models", "stacks"):
         shutil.copytree(REPO / "inventory" / part, inv / part)
     (inv / "hosts.yml").write_text(hosts_yml)
-    return deploy.resolve(inventory.load(inv), host, operator_env=operator_env or {})[0]
+    return targets_mod.resolve(inventory.load(inv), host, operator_env=operator_env or {})[0]

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vigil.snapshot import (
+from vigil.verify.snapshot import (
     Cache,
     CacheDir,
     Gpu,
@@ -256,7 +256,7 @@ INCIDENTS = {
 
 
 def write_fixtures(dest: Path) -> list[Path]:
-    from vigil.replay import write_trace
+    from vigil.verify.replay import write_trace
 
     dest.mkdir(parents=True, exist_ok=True)
     out = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vigil import budgets as B
+from vigil.verify import budgets as B
 
 KEY = B.BudgetKey(hardware="8xH200", gpu_kind="H200", model="kimi", config_hash="c1",
                   stack="vllm=0.33.0", cache="warm")

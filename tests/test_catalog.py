@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vigil import catalog
+from vigil.verify import catalog
 
 P31 = "(APIServer pid=1) INFO 11-29 10:01:02 [api_server.py:12] "
 

@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from tests.test_plan import facts_for, target
+from vigil.deploy.facts import HostFacts
+from vigil.deploy.gpus import GIB, MIB, GpuParseError, from_agent, parse_nvml, parse_smi
+from vigil.deploy.plan import make_plan
+from vigil.deploy.preflight import check_host, problems, stale_gpu_processes
 from vigil.errors import HostError, RefusedError
-from vigil.facts import HostFacts
-from vigil.gpus import GIB, MIB, GpuParseError, from_agent, parse_nvml, parse_smi
-from vigil.plan import make_plan
-from vigil.preflight import check_host, problems, stale_gpu_processes
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "gpus"
 SERVICE = list(range(41001, 41009))

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import target_in
-from vigil import deploy as deploy_mod
-from vigil import history
-from vigil.budgets import BudgetKey, HistoryRecord, plan_budgets
-from vigil.config import Gpu
+from vigil.desired import targets as targets_mod
+from vigil.desired.config import Gpu
 from vigil.errors import ConfigError
-from vigil.transport import LocalTransport
+from vigil.transport.ssh import LocalTransport
+from vigil.verify import history
+from vigil.verify.budgets import BudgetKey, HistoryRecord, plan_budgets
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,13 +31,13 @@ def rec(started: float, cache: str = "cold", host: str = "lab5", verdict: str = 
 
 
 @pytest.fixture
-def target(tmp_path: Path) -> deploy_mod.Target:
+def target(tmp_path: Path) -> targets_mod.Target:
     return target_in(tmp_path, "hosts:\n  lab5: {address: 127.0.0.1, model: tiny-cpu, "
                      "stack: lab-cpu, secret_env: [HF_TOKEN]}\n", "lab5",
                      operator_env={"HF_TOKEN": "hf_one"})
 
 
-def test_key_from_a_cpu_host_and_a_gpu_host(target: deploy_mod.Target) -> None:
+def test_key_from_a_cpu_host_and_a_gpu_host(target: targets_mod.Target) -> None:
     k = history.budget_key(target.vars, target.profile, target.stack, target.rendered,
                            "warm", 2)
     assert (k.hardware, k.gpu_kind, k.model, k.cache) == ("cpu-2c", "cpu", "tiny-cpu", "warm")
@@ -46,7 +46,7 @@ def test_key_from_a_cpu_host_and_a_gpu_host(target: deploy_mod.Target) -> None:
     assert history.hardware(gpu_host, 2) == ("8xH200", "H200")
 
 
-def test_config_hash_follows_flags_but_not_secret_values(target: deploy_mod.Target) -> None:
+def test_config_hash_follows_flags_but_not_secret_values(target: targets_mod.Target) -> None:
     r = target.rendered
     base = history.config_hash(r)
     other_secret = dataclasses.replace(r, env={**r.env, "HF_TOKEN": "hf_two"})
@@ -98,7 +98,7 @@ def test_unwritable_mirror_is_one_clear_error(tmp_path: Path) -> None:
 
 
 def test_host_file_append_and_read_through_real_bash(
-    tmp_path: Path, target: deploy_mod.Target, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, target: targets_mod.Target, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "var" / "lib" / "vigil" / "history" / "vllm.jsonl"
     monkeypatch.setattr(history, "host_path", lambda service: str(path))

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from vigil import inventory
-from vigil.deploy import parse_sets, resolve
+from vigil.desired import inventory
+from vigil.desired.targets import parse_sets, resolve
 from vigil.errors import ConfigError, RefusedError
 
 REPO_INV = Path(__file__).resolve().parent.parent / "inventory"

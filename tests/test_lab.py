@@ -113,7 +113,7 @@ def test_hosts_are_up_and_listed(lab_hosts: HostList) -> None:  # noqa: F811
 
 @pytest.mark.lab
 def test_inventory_fragment_loads(lab_hosts: HostList) -> None:  # noqa: F811
-    from vigil import inventory
+    from vigil.desired import inventory
 
     text = hosts.INVENTORY_FRAGMENT.read_text()
     assert text.startswith("# written by `invoke lab.up`")

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from vigil import inventory
-from vigil.deploy import Target, resolve
+from vigil.deploy.facts import HostFacts, parse_facts
+from vigil.deploy.plan import make_plan
+from vigil.deploy.preflight import check_host
+from vigil.desired import inventory
+from vigil.desired.targets import Target, resolve
 from vigil.errors import PermissionDeniedError, RefusedError
-from vigil.facts import HostFacts, parse_facts
-from vigil.plan import make_plan
-from vigil.preflight import check_host
 
 REPO_INV = Path(__file__).resolve().parent.parent / "inventory"
 ENV = {"HF_TOKEN": "hf_old"}

@@ -20,9 +20,9 @@ from typing import ClassVar
 
 import pytest
 
-from vigil.snapshot import Snapshot
+from vigil.verify.snapshot import Snapshot
 
-PROBE = Path(__file__).parent.parent / "vigil" / "probe.py"
+PROBE = Path(__file__).parent.parent / "vigil" / "host" / "probe.py"
 
 
 def run_probe(*args: str, path: str | None = None, env: dict[str, str] | None = None

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from tests import synth
-from vigil import reducer
-from vigil.budgets import Budgets
-from vigil.replay import load
-from vigil.snapshot import Http, Journal, LogLine, Proc, Processes, Smoke, Snapshot, Unit
+from vigil.verify import reducer
+from vigil.verify.budgets import Budgets
+from vigil.verify.replay import load
+from vigil.verify.snapshot import Http, Journal, LogLine, Proc, Processes, Smoke, Snapshot, Unit
 
 TRACES = Path(__file__).parent / "fixtures" / "traces"
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from vigil import inventory
-from vigil.deploy import resolve
+from vigil.desired import inventory
+from vigil.desired.render import TEMPLATES, env_quote, systemd_quote
+from vigil.desired.targets import resolve
 from vigil.errors import TemplateError
-from vigil.render import TEMPLATES, env_quote, systemd_quote
 
 REPO_INV = Path(__file__).resolve().parent.parent / "inventory"
 SECRETS = {"HF_TOKEN": "hf_s3cr3t-value"}

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tests import synth
-from vigil import replay
 from vigil.errors import ConfigError
+from vigil.verify import replay
 
 LOGS = Path(__file__).parent / "fixtures" / "logs"
 ORDER = ["bootstrap", "engine_init", "distributed_init", "loading_weights", "compiling",

@@ -23,8 +23,8 @@ import pytest
 
 from lab import hosts
 from tests.lab_fixtures import lab_hosts  # noqa: F401  (pytest fixture)
-from vigil import inventory
-from vigil.cli_runtime import drift
+from vigil.desired import inventory
+from vigil.tasks.runtime import drift
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
 

@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vigil import agent, inventory
-from vigil.config import Stack
+from vigil.deploy.runtime import verify_install
+from vigil.desired import inventory
+from vigil.desired.config import Stack
+from vigil.desired.stacks import check, check_rules, pip_check_problems, public
 from vigil.errors import ConfigError
-from vigil.runtime import verify_install
-from vigil.stacks import check, check_rules, pip_check_problems, public
+from vigil.host import agent
 
 REPO_INV = Path(__file__).resolve().parent.parent / "inventory"
 FLASHINFER = ["flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache"]
@@ -246,8 +247,8 @@ def test_shipped_stacks_hold_their_own_rules() -> None:
 
 def test_reinstall_builds_beside_and_old_environments_are_collected() -> None:
     from tests.test_plan import facts_for, target
-    from vigil.plan import make_plan
-    from vigil.runtime import collect, install_dir
+    from vigil.deploy.plan import make_plan
+    from vigil.deploy.runtime import collect, install_dir
 
     t = target()
     base = t.rendered.paths.env_dir
@@ -273,7 +274,7 @@ def test_reinstall_builds_beside_and_old_environments_are_collected() -> None:
 
 def test_drift_in_the_live_env_is_repaired_beside_it() -> None:
     from tests.test_plan import facts_for, target
-    from vigil.plan import make_plan
+    from vigil.deploy.plan import make_plan
 
     t = target()
     base = t.rendered.paths.env_dir

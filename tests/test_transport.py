@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from lab import hosts as lab
-from vigil.config import HostVars
+from vigil.desired.config import HostVars
 from vigil.errors import LockTimeoutError, UnreachableError
-from vigil.remote import call
-from vigil.transport import LocalTransport, connect, host_lock
+from vigil.transport.remote import call
+from vigil.transport.ssh import LocalTransport, connect, host_lock
 
 HOST = "lab2"
 INDEX = 2

@@ -24,12 +24,14 @@ from pathlib import Path
 import pytest
 
 from lab import hosts as lab
-from vigil import deploy as deploy_mod
-from vigil import history, inventory, reducer
-from vigil.budgets import Budgets
+from vigil.deploy import apply as deploy_mod
+from vigil.desired import inventory
+from vigil.desired import targets as targets_mod
 from vigil.report import Log
-from vigil.snapshot import Snapshot
-from vigil.watch import Outcome, Settings, verify_target
+from vigil.verify import history, reducer
+from vigil.verify.budgets import Budgets
+from vigil.verify.snapshot import Snapshot
+from vigil.verify.watch import Outcome, Settings, verify_target
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
 
@@ -46,8 +48,8 @@ def sh(command: str, timeout: float = 120.0) -> str:
     return out
 
 
-def target() -> deploy_mod.Target:
-    return deploy_mod.resolve(inventory.load(ROOT / "inventory"), HOST)[0]
+def target() -> targets_mod.Target:
+    return targets_mod.resolve(inventory.load(ROOT / "inventory"), HOST)[0]
 
 
 @pytest.fixture(scope="module")

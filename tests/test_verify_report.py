@@ -7,10 +7,11 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from vigil import reducer, replay, verify_report
-from vigil.budgets import BudgetKey, Budgets, HistoryRecord, plan_budgets
-from vigil.snapshot import Smoke
-from vigil.watch import Outcome
+from vigil.verify import reducer, replay
+from vigil.verify import report as verify_report
+from vigil.verify.budgets import BudgetKey, Budgets, HistoryRecord, plan_budgets
+from vigil.verify.snapshot import Smoke
+from vigil.verify.watch import Outcome
 
 TRACES = Path(__file__).resolve().parent / "fixtures" / "traces"
 KEY = BudgetKey(hardware="cpu-2c", gpu_kind="cpu", model="tiny-cpu", config_hash="abc",

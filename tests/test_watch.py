@@ -22,12 +22,12 @@ from typing import ClassVar
 import pytest
 
 from tests.conftest import target_in
-from vigil import deploy as deploy_mod
-from vigil import history, reducer, replay, smoke, watch
-from vigil.budgets import Budgets
+from vigil.desired import targets as targets_mod
 from vigil.errors import HostError
-from vigil.snapshot import Cache, CacheDir, Smoke, Snapshot, Unit
-from vigil.transport import Held, Result
+from vigil.transport.ssh import Held, Result
+from vigil.verify import history, reducer, replay, smoke, watch
+from vigil.verify.budgets import Budgets
+from vigil.verify.snapshot import Cache, CacheDir, Smoke, Snapshot, Unit
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = Path(__file__).resolve().parent / "fixtures" / "traces"
@@ -95,7 +95,7 @@ class FakeClock:
 
 
 @pytest.fixture
-def lab_target(tmp_path: Path) -> deploy_mod.Target:
+def lab_target(tmp_path: Path) -> targets_mod.Target:
     """A lab-like host (the real tiny-cpu profile and lab-cpu stack) in a tmp inventory."""
     return target_in(tmp_path, "hosts:\n  lab5: {address: 127.0.0.1, ssh_port: 2205, "
                      "model: tiny-cpu, stack: lab-cpu, host_key_check: false}\n", "lab5")
@@ -212,7 +212,7 @@ def test_the_real_cold_trace_starts_with_an_empty_cache() -> None:
 
 
 def test_verify_target_records_history_and_writes_the_trace(
-    tmp_path: Path, lab_target: deploy_mod.Target
+    tmp_path: Path, lab_target: targets_mod.Target
 ) -> None:
     snaps = lab_trace("lab-cold-ready.jsonl")
     host = RecordedHost(snaps)
@@ -233,7 +233,7 @@ def test_verify_target_records_history_and_writes_the_trace(
 
 
 def test_host_history_is_merged_and_budgets_come_from_it(
-    tmp_path: Path, lab_target: deploy_mod.Target
+    tmp_path: Path, lab_target: targets_mod.Target
 ) -> None:
     snaps = lab_trace("lab-cold-ready.jsonl")
     first = RecordedHost(snaps)
@@ -252,7 +252,7 @@ def test_host_history_is_merged_and_budgets_come_from_it(
 
 
 def test_a_crash_exits_3_and_is_recorded(tmp_path: Path,
-                                         lab_target: deploy_mod.Target) -> None:
+                                         lab_target: targets_mod.Target) -> None:
     host = RecordedHost(lab_trace("lab-kill9-crashed.jsonl"))
     clock = FakeClock()
     out = watch.verify_target(lab_target, watch.Settings(), tmp_path, transport=host,
@@ -262,7 +262,7 @@ def test_a_crash_exits_3_and_is_recorded(tmp_path: Path,
 
 
 def test_stall_override_applies_to_every_phase(tmp_path: Path,
-                                               lab_target: deploy_mod.Target) -> None:
+                                               lab_target: targets_mod.Target) -> None:
     host = RecordedHost(lab_trace("lab-sigstop-stalled.jsonl"))
     clock = FakeClock()
     out = watch.verify_target(lab_target, watch.Settings(stall_s=30), tmp_path, transport=host,
@@ -273,7 +273,7 @@ def test_stall_override_applies_to_every_phase(tmp_path: Path,
 
 
 def test_lost_host_is_an_error_not_a_verdict(tmp_path: Path,
-                                             lab_target: deploy_mod.Target) -> None:
+                                             lab_target: targets_mod.Target) -> None:
     host = RecordedHost(lab_trace("lab-cold-ready.jsonl"), fail_probes=1)
     out = watch.verify_target(lab_target, watch.Settings(), tmp_path, transport=host)
     assert out.verdict is None and out.exit_code == 1
@@ -365,11 +365,11 @@ def test_smoke_parse_of_a_dead_snippet() -> None:
 
 
 def test_api_key_travels_on_stdin_only(tmp_path: Path,
-                                       lab_target: deploy_mod.Target) -> None:
+                                       lab_target: targets_mod.Target) -> None:
     env = dict(lab_target.rendered.env)
     env["VLLM_API_KEY"] = "sk-live-1"
     rendered = dataclasses.replace(lab_target.rendered, env=env)
-    target = deploy_mod.Target(lab_target.name, lab_target.vars, lab_target.profile,
+    target = targets_mod.Target(lab_target.name, lab_target.vars, lab_target.profile,
                                lab_target.stack, rendered)
     host = RecordedHost(lab_trace("lab-cold-ready.jsonl"))
     clock = FakeClock()
@@ -429,7 +429,7 @@ def test_sigstop_trace_shows_the_frozen_worker_and_a_flat_cache() -> None:
 def test_first_poll_skips_the_previous_runs_lines() -> None:
     """A restart puts the old run's shutdown (EngineDeadError…) in the same second as the
     new start; the probe's first poll keeps only this run's lines."""
-    from vigil import probe
+    from vigil.host import probe
 
     start_us = 1_795_949_052_500_000
     old = {"__REALTIME_TIMESTAMP": str(start_us - 200_000), "_SYSTEMD_INVOCATION_ID": "a1"}

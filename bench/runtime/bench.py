@@ -19,11 +19,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from vigil import inventory
-from vigil.cli_runtime import drift
-from vigil.remote import call
-from vigil.runtime import install_payload
-from vigil.transport import connect
+from vigil.deploy.runtime import install_payload
+from vigil.desired import inventory
+from vigil.tasks.runtime import drift
+from vigil.transport.remote import call
+from vigil.transport.ssh import connect
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = Path(__file__).resolve().parent / "results.json"

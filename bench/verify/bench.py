@@ -27,11 +27,12 @@ from pathlib import Path
 from typing import Any
 
 from lab import hosts as lab
-from vigil import deploy as deploy_mod
-from vigil import inventory, reducer, watch
-from vigil.budgets import Budgets
-from vigil.snapshot import Snapshot
-from vigil.transport import connect
+from vigil.desired import inventory
+from vigil.desired import targets as targets_mod
+from vigil.transport.ssh import connect
+from vigil.verify import reducer, watch
+from vigil.verify.budgets import Budgets
+from vigil.verify.snapshot import Snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -73,7 +74,7 @@ def sh(index: int, command: str) -> str:
 
 
 def scenario(name: str, host: str, index: int, stall_s: float) -> dict[str, Any]:
-    t = deploy_mod.resolve(inventory.load(ROOT / "inventory"), host)[0]
+    t = targets_mod.resolve(inventory.load(ROOT / "inventory"), host)[0]
     sh(index, f"{STOP}; pkill -f '[v]igil-bench-loop' || true")
     if name == "stalled":  # cold, like the live test: a compile long enough to catch
         sh(index, "rm -rf /var/cache/vigil/vllm/* /tmp/torchinductor_vllm")
@@ -136,7 +137,7 @@ def scenario(name: str, host: str, index: int, stall_s: float) -> dict[str, Any]
 
 
 def probe_cost(host: str, runs: int = 20) -> dict[str, Any]:
-    t = deploy_mod.resolve(inventory.load(ROOT / "inventory"), host)[0]
+    t = targets_mod.resolve(inventory.load(ROOT / "inventory"), host)[0]
     transport = connect(host, t.vars)
     target = watch.ProbeTarget("vllm", t.vars.port, "vllm", t.rendered.paths.cache,
                                t.rendered.paths.python, "tiny")
@@ -172,7 +173,7 @@ def main() -> None:
     ap.add_argument("--scenarios", default="ready,crashed,stalled")
     args = ap.parse_args()
     rows = [scenario(s, args.host, args.index, args.stall) for s in args.scenarios.split(",")]
-    port = deploy_mod.resolve(inventory.load(ROOT / "inventory"), args.host)[0].vars.port
+    port = targets_mod.resolve(inventory.load(ROOT / "inventory"), args.host)[0].vars.port
     sh(args.index, "systemctl start vllm")
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:  # probe cost on a running server

@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from vigil.config import Stack
-from vigil.facts import HostFacts
-from vigil.stacks import Finding, check, pip_check_problems
+from vigil.deploy.facts import HostFacts
+from vigil.desired.config import Stack
+from vigil.desired.stacks import Finding, check, pip_check_problems
 
 MIN_FREE_FOR_INSTALL = 10 * 2**30
 KEEP_ENVS = 3  # besides the ones `current` and the kept release point to

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from vigil.catalog import PHASES
+from vigil.verify.catalog import PHASES
 
 WATCHED_PHASES: tuple[str, ...] = PHASES[:-1]  # `ready` has no budget
 

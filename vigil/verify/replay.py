@@ -21,10 +21,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from vigil import reducer
-from vigil.budgets import Budgets
 from vigil.errors import ConfigError
-from vigil.snapshot import Journal, LogLine, Snapshot
+from vigil.verify import reducer
+from vigil.verify.budgets import Budgets
+from vigil.verify.snapshot import Journal, LogLine, Snapshot
 
 _MONTHS = {m: i for i, m in enumerate(
     ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"), 1)}

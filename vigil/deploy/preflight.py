@@ -1,45 +1,18 @@
 """Preflight: refuse, with the evidence, what cannot work; before anything is changed.
 
-``check_fits`` needs only the inventory (runs before any connection); ``check_host``
-needs the host's facts (runs after the one facts round trip, before any write).
+``desired.targets.check_fits`` runs before any connection; ``check_host`` needs the
+host's facts (runs after the one facts round trip, before any write).
 """
 
 from __future__ import annotations
 
 import shlex
 
-from vigil.config import HostVars, ModelProfile
+from vigil.deploy.facts import HostFacts
+from vigil.deploy.gpus import StaleProcess, stale_processes
+from vigil.desired.config import ModelProfile
+from vigil.desired.render import Rendered
 from vigil.errors import PermissionDeniedError, RefusedError, VigilError
-from vigil.facts import HostFacts
-from vigil.gpus import StaleProcess, stale_processes
-from vigil.render import Rendered
-
-
-def check_fits(host_name: str, host: HostVars, profile: ModelProfile) -> None:
-    """Refuse, before any connection, what the inventory already says cannot work."""
-    if profile.device == "cpu":
-        return
-    need = profile.gpus_needed
-    if host.gpu is None:
-        raise RefusedError(
-            f"{host_name}: profile {profile.name} needs {need} GPUs but the inventory "
-            "declares no gpu for this host",
-            fix="add gpu: {kind, count, memory_gib} to the host or its group",
-        )
-    if need > host.gpu.count:
-        raise RefusedError(
-            f"{host_name}: profile {profile.name} needs tensor_parallel_size "
-            f"{profile.tensor_parallel_size} x pipeline_parallel_size "
-            f"{profile.pipeline_parallel_size} x data_parallel_size "
-            f"{profile.data_parallel_size} = {need} GPUs; the host has {host.gpu.count}",
-            fix="lower the parallel sizes (with --set or host overrides) or pick a bigger host",
-        )
-    if profile.weights_gib_per_gpu >= host.gpu.memory_gib * profile.gpu_memory_utilization:
-        raise RefusedError(
-            f"{host_name}: {profile.weights_gib_per_gpu:g} GiB of weights per GPU do not fit "
-            f"in {profile.gpu_memory_utilization:g} x {host.gpu.memory_gib:g} GiB",
-            fix="raise tensor_parallel_size or pick a host with more GPU memory",
-        )
 
 
 def stale_gpu_processes(facts: HostFacts) -> list[StaleProcess]:

@@ -19,11 +19,11 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from vigil.budgets import BudgetKey, CacheState, HistoryRecord
-from vigil.config import HostVars, ModelProfile, Stack
+from vigil.desired.config import HostVars, ModelProfile, Stack
+from vigil.desired.render import STATE_ROOT, Rendered
 from vigil.errors import CommandError, ConfigError
-from vigil.render import STATE_ROOT, Rendered
-from vigil.transport import Transport, privileged
+from vigil.transport.ssh import Transport, privileged
+from vigil.verify.budgets import BudgetKey, CacheState, HistoryRecord
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (

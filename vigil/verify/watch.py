@@ -20,15 +20,22 @@ from functools import cache
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from vigil import history, reducer, smoke
-from vigil.budgets import MIN_SAMPLES, BudgetKey, BudgetPlan, Budgets, HistoryRecord, plan_budgets
 from vigil.errors import HostError, VigilError
 from vigil.exitcodes import ExitCode
-from vigil.snapshot import Smoke, Snapshot
-from vigil.transport import Transport, connect, privileged
+from vigil.transport.ssh import Transport, connect, privileged
+from vigil.verify import history, reducer, smoke
+from vigil.verify.budgets import (
+    MIN_SAMPLES,
+    BudgetKey,
+    BudgetPlan,
+    Budgets,
+    HistoryRecord,
+    plan_budgets,
+)
+from vigil.verify.snapshot import Smoke, Snapshot
 
-if TYPE_CHECKING:  # deploy imports this module
-    from vigil.deploy import Target
+if TYPE_CHECKING:
+    from vigil.desired.targets import Target
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], None]
@@ -40,7 +47,7 @@ VERDICT_EXIT = {"ready": ExitCode.OK, "crashed": ExitCode.CRASHED,
 
 @cache
 def probe_source() -> str:
-    return (Path(__file__).resolve().parent / "probe.py").read_text()
+    return (Path(__file__).resolve().parents[1] / "host" / "probe.py").read_text()
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import jinja2
 
-from vigil.config import HostVars, ModelProfile, Stack
+from vigil.desired.config import HostVars, ModelProfile, Stack
 from vigil.errors import ConfigError, TemplateError
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
 STATE_ROOT = "/var/lib/vigil"  # vigil's own state on a host: backups, locks, history
 CACHE_ROOT = "/var/cache/vigil"  # per-service compile caches (systemd CacheDirectory=)
 BANNER = "Managed by vigil - edits here are replaced by the next deploy."

@@ -22,7 +22,7 @@ from typing import Protocol, cast
 
 import paramiko
 
-from vigil.config import HostVars
+from vigil.desired.config import HostVars
 from vigil.errors import HostError, LockTimeoutError, PermissionDeniedError, UnreachableError
 
 # paramiko logs a failed handshake with a traceback on stderr; vigil reports it as one

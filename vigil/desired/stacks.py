@@ -18,7 +18,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 if TYPE_CHECKING:
-    from vigil.config import Stack
+    from vigil.desired.config import Stack
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,10 @@ from typing import TypeVar
 from invoke.context import Context
 from invoke.exceptions import Exit
 
-from vigil import inventory
+from vigil.desired import inventory
 from vigil.errors import VigilError
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HOSTS_HELP = "host names, group names or 'all', comma separated"
 
 T = TypeVar("T")

@@ -260,7 +260,7 @@ class Stack(Strict):
     @model_validator(mode="after")
     def _consistent(self) -> Stack:
         # A stack whose own pins break its rules could never pass verification.
-        from vigil.stacks import check_rules
+        from vigil.desired.stacks import check_rules
 
         broken = check_rules(self, self.packages, missing_ok=True)
         if broken:

@@ -11,11 +11,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from vigil.config import Stack
-from vigil.errors import RefusedError
-from vigil.facts import HostFacts
-from vigil.render import Rendered, mask_env_text
-from vigil.runtime import (
+from vigil.deploy.facts import HostFacts
+from vigil.deploy.runtime import (
     MIN_FREE_FOR_INSTALL,
     collect,
     in_use,
@@ -23,6 +20,9 @@ from vigil.runtime import (
     install_payload,
     runtime_differences,
 )
+from vigil.desired.config import Stack
+from vigil.desired.render import Rendered, mask_env_text
+from vigil.errors import RefusedError
 
 
 @dataclass(frozen=True)

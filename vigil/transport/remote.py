@@ -8,14 +8,14 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from vigil.config import HostVars
+from vigil.desired.config import HostVars
 from vigil.errors import CommandError, HostError
-from vigil.transport import Transport, privileged
+from vigil.transport.ssh import Transport, privileged
 
 
 @cache
 def agent_source() -> str:
-    return (Path(__file__).resolve().parent / "agent.py").read_text()
+    return (Path(__file__).resolve().parents[1] / "host" / "agent.py").read_text()
 
 
 def call(

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from vigil.config import HostsFile, HostVars, ModelProfile, Stack
+from vigil.desired.config import HostsFile, HostVars, ModelProfile, Stack
 from vigil.errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)

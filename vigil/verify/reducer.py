@@ -29,9 +29,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from vigil import catalog
-from vigil.budgets import Budgets
-from vigil.snapshot import Smoke, Snapshot
+from vigil.verify import catalog
+from vigil.verify.budgets import Budgets
+from vigil.verify.snapshot import Smoke, Snapshot
 
 PHASES = catalog.PHASES
 TERMINAL = frozenset({"ready", "stalled", "crashed", "timed_out"})

@@ -20,11 +20,11 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from vigil import reducer
-from vigil.budgets import Budgets
 from vigil.errors import ConfigError
-from vigil.snapshot import Snapshot
-from vigil.watch import Outcome
+from vigil.verify import reducer
+from vigil.verify.budgets import Budgets
+from vigil.verify.snapshot import Snapshot
+from vigil.verify.watch import Outcome
 
 HEARTBEAT_S = 60.0
 

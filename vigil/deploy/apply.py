@@ -10,98 +10,25 @@ import getpass
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from vigil.config import HostVars, ModelProfile, Stack
-from vigil.errors import ConfigError, HostError, PermissionDeniedError, ServeError, VigilError
-from vigil.facts import HostFacts, parse_facts
-from vigil.inventory import Inventory
-from vigil.plan import Plan, make_plan
-from vigil.preflight import check_fits, check_host, stale_gpu_processes
-from vigil.remote import call
-from vigil.render import TEMPLATES, Rendered, paths_for, render
+from vigil.deploy.facts import HostFacts, parse_facts
+from vigil.deploy.plan import Plan, make_plan
+from vigil.deploy.preflight import check_host, stale_gpu_processes
+from vigil.deploy.runtime import verify_install
+from vigil.desired.render import paths_for
+from vigil.desired.targets import Target
+from vigil.errors import HostError, PermissionDeniedError, ServeError, VigilError
 from vigil.report import HostResult, Log
-from vigil.runtime import verify_install
-from vigil.transport import Transport, connect, host_lock
-from vigil.watch import Settings as WatchSettings
-from vigil.watch import verify_target
-
-
-@dataclass(frozen=True)
-class Target:
-    name: str
-    vars: HostVars
-    profile: ModelProfile
-    stack: Stack
-    rendered: Rendered
-
-
-def parse_sets(items: list[str] | tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``--set key=value`` flags, split into host variables and profile overrides."""
-    host: dict[str, Any] = {}
-    profile: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise ConfigError(
-                f"--set {item!r} is not key=value", fix="e.g. --set max_model_len=8192"
-            )
-        value = yaml.safe_load(raw) if raw else ""
-        if key in HostVars.model_fields:
-            host[key] = value
-        elif key in ModelProfile.model_fields and key != "name":
-            profile[key] = value
-        else:
-            raise ConfigError(
-                f"--set {key}: not a host variable or model profile field",
-                fix="see inventory/group_vars/all.yml and inventory/models/*.yml for the keys",
-            )
-    return host, profile
-
-
-def resolve(
-    inv: Inventory,
-    pattern: str,
-    *,
-    model: str | None = None,
-    stack: str | None = None,
-    sets: list[str] | tuple[str, ...] = (),
-    operator_env: Mapping[str, str] | None = None,
-    template_dir: Path = TEMPLATES,
-    require_secrets: bool = True,
-) -> list[Target]:
-    host_flags, profile_flags = parse_sets(sets)
-    env = os.environ if operator_env is None else operator_env
-    targets = []
-    for name in inv.select(pattern):
-        hv = inv.host_vars(name, host_flags)
-        profile_name = model or hv.model
-        if not profile_name:
-            raise ConfigError(
-                f"no model for host {name}",
-                fix=f"pass --model (one of: {', '.join(inv.names('models'))}) "
-                "or set model: in the inventory",
-            )
-        profile = inv.profile(profile_name, {**hv.overrides, **profile_flags})
-        stack_name = stack or hv.stack or profile.stack
-        if not stack_name:
-            raise ConfigError(
-                f"no stack for host {name}",
-                fix=f"pass --stack (one of: {', '.join(inv.names('stacks'))}) or set stack:",
-            )
-        st = inv.stack(stack_name)
-        check_fits(name, hv, profile)
-        rendered = render(name, hv, profile, st, env, template_dir,
-                          require_secrets=require_secrets)
-        targets.append(Target(name, hv, profile, st, rendered))
-    return targets
+from vigil.transport.remote import call
+from vigil.transport.ssh import Transport, connect, host_lock
+from vigil.verify.report import Reporter, outcome_json
+from vigil.verify.watch import Settings as WatchSettings
+from vigil.verify.watch import verify_target
 
 
 def agent_request(t: Target) -> dict[str, Any]:
@@ -193,8 +120,6 @@ def apply_plan(transport: Transport, t: Target, plan: Plan, say: Callable[[str],
 def verify_start(transport: Transport, t: Target, opts: Options, log: Log,
                  result: HostResult) -> None:
     """Watch the (re)start with the verify watcher: same budgets, history and trace."""
-    from vigil.verify_report import Reporter, outcome_json
-
     reporter = Reporter(live=False, emit=log)
     outcome = verify_target(t, opts.watch, opts.state_dir, transport=transport,
                             on_poll=reporter.poll, on_note=reporter.note)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import shlex
 
-from vigil.config import HostVars, ModelProfile
+from vigil.desired.config import HostVars, ModelProfile
 from vigil.errors import HostError
-from vigil.snapshot import Smoke
-from vigil.transport import Transport
+from vigil.transport.ssh import Transport
+from vigil.verify.snapshot import Smoke
 
 PROMPT = "The capital of France is"
 MAX_TOKENS = 16

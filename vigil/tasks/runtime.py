@@ -14,19 +14,20 @@ from invoke.context import Context
 from invoke.exceptions import Exit
 from invoke.tasks import task
 
-from vigil import deploy as deploy_mod
-from vigil import inventory as inventory_mod
-from vigil.cli import HOSTS_HELP, load_inventory, parallel, setting, user_errors
-from vigil.config import HostVars
+from vigil.deploy import apply as deploy_mod
+from vigil.deploy.gpus import GIB
+from vigil.deploy.preflight import problems, stale_gpu_processes
+from vigil.deploy.runtime import findings, pip_for
+from vigil.desired import inventory as inventory_mod
+from vigil.desired import targets as targets_mod
+from vigil.desired.config import HostVars
+from vigil.desired.stacks import check as check_stack
+from vigil.desired.stacks import pip_check_problems
 from vigil.errors import ConfigError, VigilError
 from vigil.exitcodes import ExitCode
-from vigil.gpus import GIB
-from vigil.preflight import problems, stale_gpu_processes
-from vigil.remote import call
-from vigil.runtime import findings, pip_for
-from vigil.stacks import check as check_stack
-from vigil.stacks import pip_check_problems
-from vigil.transport import connect
+from vigil.tasks.common import HOSTS_HELP, load_inventory, parallel, setting, user_errors
+from vigil.transport.remote import call
+from vigil.transport.ssh import connect
 
 # -- stack.check ----------------------------------------------------------------------
 
@@ -125,7 +126,7 @@ def check(c: Context, hosts: str = "all", stack: str | None = None,
 # -- preflight ------------------------------------------------------------------------
 
 
-def _facts_lines(t: deploy_mod.Target, facts: Any) -> list[str]:
+def _facts_lines(t: targets_mod.Target, facts: Any) -> list[str]:
     g = facts.gpus
     lines = [f"GPUs: {g.count} via {g.source}" + (f" (NVML: {g.error})" if g.error else "")]
     for gpu in g.gpus:
@@ -172,7 +173,7 @@ def preflight(c: Context, model: str | None = None, hosts: str = "all",
               kill_stale: bool = False) -> None:
     """Facts and go/no-go for a deploy; changes nothing."""
     try:
-        targets = deploy_mod.resolve(load_inventory(c), hosts, model=model, stack=stack,
+        targets = targets_mod.resolve(load_inventory(c), hosts, model=model, stack=stack,
                                      sets=set_ or [], require_secrets=False,
                                      template_dir=setting(c, "templates"))
     except VigilError as exc:

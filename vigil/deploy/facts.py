@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from vigil.deploy.gpus import GpuFacts, GpuParseError, from_agent
 from vigil.errors import HostError
-from vigil.gpus import GpuFacts, GpuParseError, from_agent
 
 
 @dataclass(frozen=True)

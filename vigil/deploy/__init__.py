@@ -1,0 +1,1 @@
+"""Deploy: facts -> preflight -> plan -> apply, per host."""

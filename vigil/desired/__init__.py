@@ -1,0 +1,1 @@
+"""Desired state: inventory, profiles, stacks, roles, rendered files, resolved targets."""

@@ -1,0 +1,119 @@
+"""Resolve selected hosts into targets: every input read, validated and rendered for
+every host before the first connection, so a bad file, an unknown profile or a template
+error changes no host (pure: files in, values out)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from vigil.desired.config import HostVars, ModelProfile, Stack
+from vigil.desired.inventory import Inventory
+from vigil.desired.render import TEMPLATES, Rendered, render
+from vigil.errors import ConfigError, RefusedError
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    vars: HostVars
+    profile: ModelProfile
+    stack: Stack
+    rendered: Rendered
+
+
+def parse_sets(items: list[str] | tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``--set key=value`` flags, split into host variables and profile overrides."""
+    host: dict[str, Any] = {}
+    profile: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(
+                f"--set {item!r} is not key=value", fix="e.g. --set max_model_len=8192"
+            )
+        value = yaml.safe_load(raw) if raw else ""
+        if key in HostVars.model_fields:
+            host[key] = value
+        elif key in ModelProfile.model_fields and key != "name":
+            profile[key] = value
+        else:
+            raise ConfigError(
+                f"--set {key}: not a host variable or model profile field",
+                fix="see inventory/group_vars/all.yml and inventory/models/*.yml for the keys",
+            )
+    return host, profile
+
+
+def resolve(
+    inv: Inventory,
+    pattern: str,
+    *,
+    model: str | None = None,
+    stack: str | None = None,
+    sets: list[str] | tuple[str, ...] = (),
+    operator_env: Mapping[str, str] | None = None,
+    template_dir: Path = TEMPLATES,
+    require_secrets: bool = True,
+) -> list[Target]:
+    host_flags, profile_flags = parse_sets(sets)
+    env = os.environ if operator_env is None else operator_env
+    targets = []
+    for name in inv.select(pattern):
+        hv = inv.host_vars(name, host_flags)
+        profile_name = model or hv.model
+        if not profile_name:
+            raise ConfigError(
+                f"no model for host {name}",
+                fix=f"pass --model (one of: {', '.join(inv.names('models'))}) "
+                "or set model: in the inventory",
+            )
+        profile = inv.profile(profile_name, {**hv.overrides, **profile_flags})
+        stack_name = stack or hv.stack or profile.stack
+        if not stack_name:
+            raise ConfigError(
+                f"no stack for host {name}",
+                fix=f"pass --stack (one of: {', '.join(inv.names('stacks'))}) or set stack:",
+            )
+        st = inv.stack(stack_name)
+        check_fits(name, hv, profile)
+        rendered = render(name, hv, profile, st, env, template_dir,
+                          require_secrets=require_secrets)
+        targets.append(Target(name, hv, profile, st, rendered))
+    return targets
+
+
+
+def check_fits(host_name: str, host: HostVars, profile: ModelProfile) -> None:
+    """Refuse, before any connection, what the inventory already says cannot work."""
+    if profile.device == "cpu":
+        return
+    need = profile.gpus_needed
+    if host.gpu is None:
+        raise RefusedError(
+            f"{host_name}: profile {profile.name} needs {need} GPUs but the inventory "
+            "declares no gpu for this host",
+            fix="add gpu: {kind, count, memory_gib} to the host or its group",
+        )
+    if need > host.gpu.count:
+        raise RefusedError(
+            f"{host_name}: profile {profile.name} needs tensor_parallel_size "
+            f"{profile.tensor_parallel_size} x pipeline_parallel_size "
+            f"{profile.pipeline_parallel_size} x data_parallel_size "
+            f"{profile.data_parallel_size} = {need} GPUs; the host has {host.gpu.count}",
+            fix="lower the parallel sizes (with --set or host overrides) or pick a bigger host",
+        )
+    if profile.weights_gib_per_gpu >= host.gpu.memory_gib * profile.gpu_memory_utilization:
+        raise RefusedError(
+            f"{host_name}: {profile.weights_gib_per_gpu:g} GiB of weights per GPU do not fit "
+            f"in {profile.gpu_memory_utilization:g} x {host.gpu.memory_gib:g} GiB",
+            fix="raise tensor_parallel_size or pick a host with more GPU memory",
+        )
+
+

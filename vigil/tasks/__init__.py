@@ -1,0 +1,1 @@
+"""The front door: thin Invoke tasks (parse flags, one library call, report)."""

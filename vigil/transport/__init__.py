@@ -1,0 +1,1 @@
+"""Reaching hosts: SSH or local transports, and calling the host agent."""

@@ -1,0 +1,1 @@
+"""Verify: phases, causes, reducer, budgets, history, watch, replay, report."""
