@@ -3,8 +3,8 @@
 It reads one JSON request on stdin and prints one JSON reply on stdout. Secrets travel
 on stdin only, never on a command line (which any user could read in /proc). One call
 is one SSH round trip: ``facts`` reads everything a plan needs, ``apply`` runs a whole
-plan, ``serving`` is one poll of a starting service, ``rollback`` restores the last
-release. Python 3.8+ on purpose: it runs on the host's own python3.
+plan (one applier per action kind, ``APPLIERS``), ``rollback`` restores the last release.
+Python 3.8+ on purpose: it runs on the host's own python3.
 """
 
 import contextlib
@@ -20,7 +20,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 Json = Dict[str, Any]
 
@@ -105,7 +105,8 @@ def model_facts(path: str) -> Json:
             }
         except ValueError:
             config = {"error": "config.json is not valid JSON"}
-    return {"kind": "path", "exists": True, "config": config, "weights": weight_files(path)}
+    return {"kind": "path", "exists": True, "config": config, "weights": weight_files(path),
+            "layouts": weight_layouts(path)}
 
 
 def weight_files(path: str) -> Json:
@@ -122,6 +123,98 @@ def weight_files(path: str) -> Json:
                 "present": len(present), "missing": []}
     missing = [n for n in listed if not os.path.isfile(os.path.join(path, n))]
     return {"index": True, "listed": len(listed), "present": len(present), "missing": missing}
+
+
+# The safetensors format's own cap on the JSON header (the loader refuses larger ones).
+SAFETENSORS_HEADER_MAX = 100 * 1024 * 1024
+# JSON files up to this size are parsed whole; a larger one (a big tokenizer.json) is
+# checked by its first and last bytes, so the facts never read megabytes.
+JSON_PARSE_MAX = 1024 * 1024
+MODEL_META_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json",
+                    "special_tokens_map.json", "tokenizer.model", "tiktoken.model",
+                    "vocab.json", "merges.txt")
+
+
+def safetensors_layout(path: str, expected: Optional[Set[str]] = None) -> Json:
+    """What one safetensors file's header says, read without its tensors: the file size,
+    the header length (8-byte little-endian) and where the last tensor's bytes end.
+    ``expected``: the tensor names the index places in this file (absent ones listed)."""
+    out: Json = {"size": None, "header_len": None, "end": None, "tensors": 0, "error": None}
+    try:
+        out["size"] = size = os.path.getsize(path)
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                out["error"] = "shorter than the 8-byte header length"
+                return out
+            out["header_len"] = n = int.from_bytes(head, "little")
+            if n > SAFETENSORS_HEADER_MAX or 8 + n > size:
+                return out  # the controller names the sizes; nothing to parse
+            header = json.loads(fh.read(n).decode("utf-8"))
+    except PermissionError:
+        out["error"] = "permission denied"
+        return out
+    except OSError as exc:
+        out["error"] = "cannot read: %s" % exc.strerror
+        return out
+    except ValueError:
+        out["error"] = "its header is not valid JSON"
+        return out
+    try:
+        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+    except (AttributeError, KeyError, IndexError, TypeError, ValueError):
+        out["error"] = "its header has a tensor without data_offsets"
+        return out
+    out["end"] = max(ends) if ends else 0
+    out["tensors"] = len(ends)
+    if expected:
+        absent = sorted(expected - set(header))
+        out["absent"] = absent[:5]
+        out["absent_count"] = len(absent)
+    return out
+
+
+def json_file_state(path: str) -> str:
+    """ok / absent / empty / invalid: ... / unreadable: ... for one model metadata file."""
+    try:
+        size = os.path.getsize(path)
+        if size == 0:
+            return "empty"
+        if not path.endswith(".json"):
+            return "ok"  # binary or plain text (tokenizer.model, merges.txt): present
+        with open(path, "rb") as fh:
+            if size <= JSON_PARSE_MAX:
+                json.loads(fh.read().decode("utf-8"))
+                return "ok"
+            first = fh.read(64).lstrip()[:1]
+            fh.seek(-64, os.SEEK_END)
+            last = fh.read().rstrip()[-1:]
+    except FileNotFoundError:
+        return "absent"
+    except OSError as exc:
+        return "unreadable: %s" % exc.strerror
+    except ValueError as exc:
+        return "invalid: %s" % str(exc)[:200]
+    if (first, last) not in ((b"{", b"}"), (b"[", b"]")):
+        return "invalid: does not end where its JSON started (cut short?)"
+    return "ok"
+
+
+def weight_layouts(path: str) -> Json:
+    """Every top-level safetensors file's layout and the state of the files vLLM reads
+    before the weights (config, tokenizer): a few KB per file, never the tensors."""
+    expected: Dict[str, Set[str]] = {}
+    raw = read_text(os.path.join(path, "model.safetensors.index.json"))
+    if isinstance(raw, str):
+        with contextlib.suppress(ValueError, AttributeError):
+            for name, shard in json.loads(raw).get("weight_map", {}).items():
+                expected.setdefault(str(shard), set()).add(str(name))
+    files = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
+    return {
+        "safetensors": {n: safetensors_layout(os.path.join(path, n), expected.get(n))
+                        for n in files},
+        "meta": {n: json_file_state(os.path.join(path, n)) for n in MODEL_META_FILES},
+    }
 
 
 def env_in_use(paths: Dict[str, str]) -> str:
@@ -579,44 +672,65 @@ def kill_pids(action: Json) -> Json:
     return {"ok": True, "killed": pids, "forced": alive}
 
 
+def _systemctl(args: List[str]) -> Json:
+    code, out = run(["systemctl"] + args, timeout=300)
+    return {"ok": code == 0, "error": out if code else None}
+
+
+def _restart(unit: str) -> Json:
+    # clears a start-limit hit left by an earlier crash loop, then restarts
+    run(["systemctl", "reset-failed", unit], timeout=60)
+    return _systemctl(["restart", unit])
+
+
+def _write(paths: Dict[str, str], key: str, action: Json) -> Json:
+    write_atomic(paths[key], action["content"], int(action["mode"], 8))
+    return {"ok": True}
+
+
+def _backup(action: Json, paths: Dict[str, str]) -> Json:
+    backup_release(paths)
+    return {"ok": True}
+
+
+def _switch(action: Json, paths: Dict[str, str]) -> Json:
+    switch_link(paths["current"], action.get("target") or paths["env_dir"])
+    return {"ok": True}
+
+
+def _mark(action: Json, paths: Dict[str, str]) -> Json:
+    write_atomic(os.path.join(action["env_dir"], ".vigil-complete"),
+                 json.dumps(action.get("packages")), 0o644)
+    return {"ok": True}
+
+
+# One applier per action kind, each (action, release paths) -> result. A new kind is one
+# entry here and one in vigil/deploy/plan.py.
+Applier = Callable[[Json, Dict[str, str]], Json]
+APPLIERS: Dict[str, Applier] = {
+    "install_env": lambda a, p: install_env(a),
+    "backup": _backup,
+    "switch_env": _switch,
+    "mark_env": _mark,
+    "discard_env": lambda a, p: remove_envs({"paths": [a["env_dir"]]}, p),
+    "remove_envs": remove_envs,
+    "kill": lambda a, p: kill_pids(a),
+    "write_unit": lambda a, p: _write(p, "unit", a),
+    "write_env": lambda a, p: _write(p, "env", a),
+    "restart": lambda a, p: _restart(a["unit"]),
+    "systemctl": lambda a, p: _systemctl(a["args"]),
+}
+
+
 def apply(req: Json) -> Json:
     paths = req["paths"]
     results: List[Json] = []
     for action in req["actions"]:
         kind = action["kind"]
+        applier = APPLIERS.get(kind)
         try:
-            if kind == "install_env":
-                res = install_env(action)
-            elif kind == "backup":
-                backup_release(paths)
-                res = {"ok": True}
-            elif kind == "switch_env":
-                switch_link(paths["current"], action.get("target") or paths["env_dir"])
-                res = {"ok": True}
-            elif kind == "mark_env":
-                write_atomic(os.path.join(action["env_dir"], ".vigil-complete"),
-                             json.dumps(action.get("packages")), 0o644)
-                res = {"ok": True}
-            elif kind == "discard_env":
-                res = remove_envs({"paths": [action["env_dir"]]}, paths)
-            elif kind == "remove_envs":
-                res = remove_envs(action, paths)
-            elif kind == "kill":
-                res = kill_pids(action)
-            elif kind in ("write_unit", "write_env"):
-                key = "unit" if kind == "write_unit" else "env"
-                write_atomic(paths[key], action["content"], int(action["mode"], 8))
-                res = {"ok": True}
-            elif kind == "restart":
-                # clears a start-limit hit left by an earlier crash loop, then restarts
-                run(["systemctl", "reset-failed", action["unit"]], timeout=60)
-                code, out = run(["systemctl", "restart", action["unit"]], timeout=300)
-                res = {"ok": code == 0, "error": out if code else None}
-            elif kind == "systemctl":
-                code, out = run(["systemctl"] + action["args"], timeout=300)
-                res = {"ok": code == 0, "error": out if code else None}
-            else:
-                res = {"ok": False, "error": "unknown action %s" % kind}
+            res = applier(action, paths) if applier else {
+                "ok": False, "error": "unknown action %s" % kind}
         except PermissionError as exc:
             res = {"ok": False, "error": "permission denied: %s" % exc.filename,
                    "permission": True}
@@ -651,28 +765,6 @@ def rollback(req: Json) -> Json:
             "env": link if isinstance(link, str) else None}
 
 
-def journal_tail(unit: str, lines: int) -> str:
-    _, out = run(["journalctl", "-u", unit, "-n", str(lines), "--no-pager", "-o", "cat"])
-    return out
-
-
-def serving(req: Json) -> Json:
-    service = systemctl_show(req["unit"])
-    reply: Json = {"service": service, "health": None, "completion": None}
-    if service.get("ActiveState") in ("failed", "inactive") or req.get("journal"):
-        reply["journal"] = journal_tail(req["unit"], 40)
-    if service.get("ActiveState") != "active":
-        return reply
-    headers: Dict[str, str] = {}
-    if req.get("api_key"):
-        headers["Authorization"] = "Bearer " + req["api_key"]
-    reply["health"] = http(req["port"], "/health", timeout=3.0)
-    if reply["health"].get("status") == 200 and req.get("completion"):
-        reply["completion"] = http(req["port"], "/v1/completions", req["completion"],
-                                   headers=headers, timeout=req.get("completion_timeout", 120))
-    return reply
-
-
 def status(req: Json) -> Json:
     props = ("ActiveState,SubState,MainPID,NRestarts,ActiveEnterTimestamp,"
              "ActiveEnterTimestampMonotonic,LoadState")
@@ -695,7 +787,7 @@ def status(req: Json) -> Json:
 
 
 VERBS: Dict[str, Any] = {"status": status, "facts": facts, "apply": apply, "rollback": rollback,
-         "serving": serving, "packages": packages}
+                         "packages": packages}
 
 if __name__ == "__main__":
     request = json.loads(sys.stdin.read() or "{}")
