@@ -136,3 +136,27 @@ def test_profile_rejects_positional_extra_args(inv_dir: Path) -> None:
                                              "  - ; rm -rf /"))
     with pytest.raises(ConfigError, match="one '--flag' or '--flag=value' item"):
         inventory.load(inv_dir).profile("glm-5")
+
+
+def test_profile_with_old_model_key_names_path(inv_dir: Path) -> None:
+    prof = inv_dir / "models" / "glm-5.yml"
+    prof.write_text(prof.read_text().replace("path: /srv/models/glm-5-nvfp4",
+                                             "model: /srv/models/glm-5-nvfp4"))
+    inv = inventory.load(inv_dir)
+    with pytest.raises(ConfigError) as err:
+        inv.profile("glm-5")
+    text = str(err.value)
+    assert "models/glm-5.yml" in text and "renamed to 'path'" in text
+    assert "path: /srv/models/glm-5-nvfp4" in text
+
+
+def test_set_path_changes_the_model_directory(inv_dir: Path) -> None:
+    assert parse_sets(["path=/srv/models/x"]) == ({}, {"path": "/srv/models/x"})
+    inv = inventory.load(inv_dir)
+    (t,) = resolve(inv, "llm-one", model="glm-5", sets=["path=/srv/models/x"],
+                   operator_env={"HF_TOKEN": "x"})
+    assert t.profile.path == "/srv/models/x"
+    assert '"--model=/srv/models/x"' in t.rendered.unit_text
+    # `model` stays the host variable (a profile name), not the path
+    (t,) = resolve(inv, "llm-one", sets=["model=glm-5"], operator_env={"HF_TOKEN": "x"})
+    assert t.profile.name == "glm-5" and t.profile.path == "/srv/models/glm-5-nvfp4"

@@ -48,7 +48,7 @@ def test_every_shipped_profile_passes_systemd_analyze_verify(
     proc = _verify(t.rendered.unit_text, tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "Unknown key" not in proc.stderr and "Invalid" not in proc.stderr, proc.stderr
-    assert f"--model={t.profile.model}" in t.rendered.unit_text
+    assert f"--model={t.profile.path}" in t.rendered.unit_text
 
 
 def test_execstart_round_trips_hostile_values(inv: inventory.Inventory, tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from typing import Any
 from vigil.deploy.facts import HostFacts, parse_facts
 from vigil.deploy.plan import Plan, make_plan
 from vigil.deploy.preflight import check_host, stale_gpu_processes
+from vigil.deploy.rollout import Hooks
 from vigil.deploy.runtime import verify_install
 from vigil.desired.render import paths_for
 from vigil.desired.targets import Target
@@ -37,7 +38,7 @@ def agent_request(t: Target) -> dict[str, Any]:
         "unit": t.vars.service,
         "port": t.vars.port,
         "service_user": t.vars.service_user,
-        "model": t.profile.model,
+        "model": t.profile.path,
         "paths": {
             "unit": p.unit, "env": p.env, "env_dir": p.env_dir, "current": p.current,
             "backup_dir": p.backup_dir,
@@ -63,6 +64,7 @@ class Options:
     wait: bool = True
     watch: WatchSettings = field(default_factory=WatchSettings)
     state_dir: Path = Path("state")  # traces and the history mirror
+    hooks: Hooks | None = None  # drain: controller commands around a restart
 
 
 def apply_install(
@@ -165,12 +167,16 @@ def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
                 result.status = "changed" if plan.changes else "ok"
                 result.main_pid = facts.service.main_pid or None
                 return result
+            if opts.hooks is not None and plan.restarts:
+                opts.hooks.run("before_stop", t, say)
             apply_plan(transport, t, plan, say)
             result.restarted = plan.restarts
             need_wait = plan.restarts or facts.health_status != 200
             if opts.wait and need_wait:
                 say("verifying the start: phases, evidence, a real completion")
                 verify_start(transport, t, opts, log, result)
+                if opts.hooks is not None and plan.restarts:
+                    opts.hooks.run("after_ready", t, say)
             else:
                 result.main_pid = facts.service.main_pid or None
             result.status = "changed" if plan.changes else "ok"

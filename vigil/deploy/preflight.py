@@ -55,7 +55,7 @@ def problems(
         ))
     if facts.model_exists is False:
         out.append(RefusedError(
-            f"{host_name}: model directory {profile.model} does not exist",
+            f"{host_name}: model directory {profile.path} does not exist",
             fix="copy the weights there first, or fix `model:` in the profile",
         ))
     missing = facts.model_weights.get("missing") or []
@@ -64,7 +64,7 @@ def problems(
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5
                                           else "")
         out.append(RefusedError(
-            f"{host_name}: model directory {profile.model} is incomplete: {len(missing)} of "
+            f"{host_name}: model directory {profile.path} is incomplete: {len(missing)} of "
             f"{listed} shards listed in model.safetensors.index.json are absent ({shown})",
             fix="finish copying the weights (compare with the source's file list)",
         ))
@@ -73,14 +73,14 @@ def problems(
     if isinstance(limit, int) and profile.max_model_len > limit:
         out.append(RefusedError(
             f"{host_name}: max_model_len {profile.max_model_len} is above the model's "
-            f"max_position_embeddings {limit} ({profile.model}/config.json)",
+            f"max_position_embeddings {limit} ({profile.path}/config.json)",
             fix=f"set max_model_len to {limit} or less",
         ))
     heads = config.get("num_attention_heads")
     if isinstance(heads, int) and heads % profile.tensor_parallel_size:
         out.append(RefusedError(
             f"{host_name}: tensor_parallel_size {profile.tensor_parallel_size} does not "
-            f"divide the model's {heads} attention heads ({profile.model}/config.json)",
+            f"divide the model's {heads} attention heads ({profile.path}/config.json)",
             fix="use a tensor_parallel_size that divides the head count",
         ))
     # GPUs are judged only when the agent read them (older agents did not)

@@ -18,6 +18,7 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _UNIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")
 _USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]*\$?$")
 _PKG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_FINGERPRINT = re.compile(r"^SHA256:[A-Za-z0-9+/]{43}$")
 
 SafeText = Annotated[str, Field(pattern=_SAFE_TEXT.pattern)]
 AbsPath = Annotated[str, Field(pattern=r"^/[^\x00-\x1f\x7f]*$")]
@@ -52,8 +53,15 @@ class HostVars(Strict):
     ssh_port: int = Field(22, ge=1, le=65535)
     ssh_key: SafeText | None = None
     known_hosts: SafeText | None = None
-    host_key_check: bool = True
-    connect_timeout_s: float = Field(10.0, gt=0)
+    # strict: the key must be in a known_hosts file ssh reads (or known_hosts above);
+    # accept-new: trust on first use, written to known_hosts, a changed key refused.
+    host_key: Literal["strict", "accept-new"] = "strict"
+    host_key_fingerprints: list[str] = Field(
+        default_factory=list, description="pinned keys, as ssh-keygen -l prints: SHA256:..."
+    )
+    # Removed: it accepted any key (and any impostor). Kept only to refuse it clearly.
+    host_key_check: Literal[True] | None = None
+    connect_timeout_s: float = Field(10.0, gt=0, le=3600)
     sudo: bool = False
     lock_timeout_s: float = Field(600.0, ge=0)
     # what it has
@@ -97,6 +105,28 @@ class HostVars(Strict):
     def _env(cls, v: dict[str, str]) -> dict[str, str]:
         return _check_env(v)
 
+    @field_validator("host_key_check", mode="before")
+    @classmethod
+    def _no_opt_out(cls, v: object) -> object:
+        if v is not True:
+            raise ValueError(
+                "host_key_check was removed: it accepted any host key, an impostor's "
+                "too; pin the key with host_key_fingerprints: [SHA256:...] (ssh-keygen "
+                "-lf), or trust it on first use with host_key: accept-new"
+            )
+        return v
+
+    @field_validator("host_key_fingerprints")
+    @classmethod
+    def _fingerprints(cls, v: list[str]) -> list[str]:
+        for fp in v:
+            if not _FINGERPRINT.match(fp):
+                raise ValueError(
+                    f"{fp!r} is not a SHA256 fingerprint (write it as ssh-keygen -lf "
+                    "prints it: SHA256: and 43 base64 characters)"
+                )
+        return v
+
     @field_validator("secret_env")
     @classmethod
     def _secret_names(cls, v: list[str]) -> list[str]:
@@ -111,7 +141,7 @@ class ModelProfile(Strict):
 
     name: SafeText
     description: SafeText = ""
-    model: SafeText = Field(description="path on the host (or a hub id when online)")
+    path: SafeText = Field(description="the model directory on the host (or a hub id)")
     served_model_name: SafeText | None = None
     device: Literal["cuda", "cpu"] = "cuda"
     stack: SafeText | None = None
@@ -133,6 +163,18 @@ class ModelProfile(Strict):
     env: dict[str, str] = Field(default_factory=dict)
     weights_gib_per_gpu: float = Field(gt=0, description="for budgets and disk checks")
     num_attention_heads: int | None = Field(None, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: object) -> object:
+        # `model` was the path until it collided with the host variable `model` (a
+        # profile name): say the new key instead of a bare "unknown key".
+        if isinstance(data, dict) and "model" in data:
+            raise ValueError(
+                "key 'model' was renamed to 'path' (the model's directory): "
+                f"write path: {data['model']}"
+            )
+        return data
 
     @field_validator("env")
     @classmethod

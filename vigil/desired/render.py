@@ -98,7 +98,7 @@ def paths_for(host: HostVars, stack: Stack) -> Paths:
 
 def vllm_argv(python: str, host: HostVars, profile: ModelProfile) -> list[str]:
     """The server's argv; every option is a single ``--name=value`` word."""
-    args = [python, "-m", API_SERVER, f"--model={profile.model}"]
+    args = [python, "-m", API_SERVER, f"--model={profile.path}"]
     if profile.served_model_name:
         args.append(f"--served-model-name={profile.served_model_name}")
     args += [

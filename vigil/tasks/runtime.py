@@ -142,7 +142,7 @@ def _facts_lines(t: targets_mod.Target, facts: Any) -> list[str]:
         f"{w.get('present', '?')} weight file(s)"
         + (f", {len(w.get('missing') or [])} of {w.get('listed')} indexed shards absent"
            if w.get("index") else ""))
-    lines.append(f"model {t.profile.model}: {model}")
+    lines.append(f"model {t.profile.path}: {model}")
     owners = ", ".join(f"pid {p} {c or '?'}" for p, c in facts.port_owners) or (
         "not visible here" if facts.port_listening else "free")
     lines.append(f"port {t.vars.port}: {owners}")

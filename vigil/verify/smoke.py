@@ -82,7 +82,7 @@ print(json.dumps(out))
 
 
 def served_name(profile: ModelProfile) -> str:
-    return profile.served_model_name or profile.model
+    return profile.served_model_name or profile.path
 
 
 def command() -> str:
