@@ -12,3 +12,4 @@ class ExitCode(IntEnum):
     CRASHED = 3  # verify: the service crashed (cause in the report)
     STALLED = 4  # verify: alive, no progress for the phase's stall window
     TIMED_OUT = 5  # verify: past the hard cap
+    ROLLOUT_STOPPED = 7  # deploy --serial: past the failure budget; later batches untouched

@@ -1,0 +1,240 @@
+"""Rolling deploys: the batch planner and budget (pure), the driver's ordering and stop
+rule, drain hooks run as real processes, and the JSON/JUnit recap."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tests.conftest import target_in
+from vigil.deploy import rollout
+from vigil.desired import inventory
+from vigil.desired import targets as targets_mod
+from vigil.desired.targets import Target
+from vigil.errors import ConfigError, HostError
+from vigil.exitcodes import ExitCode
+from vigil.report import HostResult, Log
+
+HOSTS = [f"h{i:02d}" for i in range(1, 33)]
+
+
+# -- planner ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("serial", "n", "sizes"), [
+    (None, 8, [8]),
+    ("", 3, [3]),
+    ("1", 3, [1, 1, 1]),
+    ("3", 8, [3, 3, 2]),
+    ("25%", 32, [8, 8, 8, 8]),
+    ("25%", 2, [1, 1]),  # a quarter of 2 rounds down to 0: at least one host
+    ("1,25%,100%", 8, [1, 2, 5]),  # canary, a quarter, the rest
+    ("1,25%", 9, [1, 2, 2, 2, 2]),  # the last step repeats
+    ("50%", 5, [2, 2, 1]),
+    ("100", 4, [4]),
+    (" 2 , 50% ", 6, [2, 3, 1]),
+])
+def test_batches_follow_ansible_serial(serial: str | None, n: int, sizes: list[int]) -> None:
+    batches = rollout.plan_batches(HOSTS[:n], serial)
+    assert [len(b) for b in batches] == sizes
+    assert [h for b in batches for h in b] == HOSTS[:n]
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "x", "25%%", "0%", "150%", "1,,2", "nan%"])
+def test_bad_serial_is_one_clear_error(bad: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        rollout.plan_batches(HOSTS[:4], bad)
+    assert "--serial" in str(err.value) and "25%" in str(err.value)
+
+
+@given(st.integers(1, 64), st.lists(st.one_of(
+    st.integers(1, 70).map(str), st.integers(1, 100).map(lambda p: f"{p}%")), min_size=1,
+    max_size=4))
+def test_every_host_in_exactly_one_batch_in_order(n: int, steps: list[str]) -> None:
+    hosts = [f"x{i}" for i in range(n)]
+    batches = rollout.plan_batches(hosts, ",".join(steps))
+    assert [h for b in batches for h in b] == hosts
+    assert all(batches)
+    for i, b in enumerate(batches[:-1]):  # only the last batch may be short
+        step = rollout.parse_serial(",".join(steps))[min(i, len(steps) - 1)]
+        assert len(b) == step.size(n)
+
+
+@pytest.mark.parametrize(("text", "size", "allowed"), [
+    (None, 8, 0), ("0", 8, 0), ("1", 8, 1), ("25%", 8, 2), ("10%", 8, 0), ("100%", 3, 3),
+])
+def test_budget(text: str | None, size: int, allowed: int) -> None:
+    budget = rollout.parse_budget(text)
+    assert budget.allowed(size) == allowed
+    assert not rollout.over_budget(allowed, size, budget)
+    assert rollout.over_budget(allowed + 1, size, budget)
+
+
+@pytest.mark.parametrize("bad", ["-1", "x", "101%", "1.5"])
+def test_bad_budget(bad: str) -> None:
+    with pytest.raises(ConfigError, match="--max-fail"):
+        rollout.parse_budget(bad)
+
+
+# -- the driver ------------------------------------------------------------------------
+
+
+def _targets(tmp_path: Path, names: list[str]) -> list[Target]:
+    hosts = "hosts:\n" + "".join(f"  {n}: {{model: tiny-cpu, stack: lab-cpu}}\n" for n in names)
+    first = target_in(tmp_path, hosts, names[0])
+    inv = inventory.load(tmp_path / "inventory")
+    return [first, *targets_mod.resolve(inv, ",".join(names[1:]), operator_env={})] \
+        if names[1:] else [first]
+
+
+class Recorder:
+    """A deploy function that records when each host starts and ends."""
+
+    def __init__(self, failing: set[str], *, changed: bool = True) -> None:
+        self.failing = failing
+        self.changed = changed
+        self.events: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, t: Target) -> HostResult:
+        with self.lock:
+            self.events.append(("start", t.name))
+        status = "failed" if t.name in self.failing else "changed"
+        res = HostResult(t.name, status, error="verify: crashed" if status == "failed" else None,
+                         actions=["backup: keep", "restart: env changed"] if self.changed else [],
+                         restarted=self.changed)
+        with self.lock:
+            self.events.append(("end", t.name))
+        return res
+
+
+def test_next_batch_starts_only_after_every_host_of_this_one(tmp_path: Path) -> None:
+    names = HOSTS[:6]
+    rec = Recorder(set())
+    batches = rollout.plan_batches(names, "1,50%")
+    ro = rollout.roll(_targets(tmp_path, names), batches, rollout.Budget(), rec, Log())
+    for i in range(1, len(batches)):
+        last_end = max(rec.events.index(("end", h)) for h in batches[i - 1])
+        first_start = min(rec.events.index(("start", h)) for h in batches[i])
+        assert last_end < first_start
+    assert ro.done == names and ro.failed == [] and ro.untouched == []
+    assert ro.exit_code == ExitCode.OK
+
+
+def test_past_the_budget_stops_and_later_hosts_are_untouched(tmp_path: Path) -> None:
+    names = HOSTS[:8]
+    rec = Recorder({"h04"})
+    batches = rollout.plan_batches(names, "25%")
+    rolled: list[str] = []
+
+    def rollback_one(t: Target) -> HostResult:
+        rolled.append(t.name)
+        return HostResult(t.name, "rolled_back")
+
+    ro = rollout.roll(_targets(tmp_path, names), batches, rollout.Budget(), rec, Log(),
+                      rollback_one=rollback_one)
+    assert ro.done == ["h01", "h02", "h03"] and ro.failed == ["h04"]
+    assert ro.untouched == ["h05", "h06", "h07", "h08"]
+    assert {h for _, h in rec.events} == set(names[:4])  # nobody else was called
+    assert rolled == ["h04"] and ro.stopped
+    assert ro.exit_code == ExitCode.ROLLOUT_STOPPED
+
+
+def test_within_the_budget_the_rollout_goes_on(tmp_path: Path) -> None:
+    names = HOSTS[:8]
+    ro = rollout.roll(_targets(tmp_path, names), rollout.plan_batches(names, "4"),
+                      rollout.parse_budget("25%"), Recorder({"h02"}), Log())
+    assert not ro.stopped and ro.untouched == [] and ro.failed == ["h02"]
+    assert ro.exit_code == ExitCode.FAILED
+
+
+def test_a_host_that_failed_before_its_restart_is_not_rolled_back(tmp_path: Path) -> None:
+    names = HOSTS[:2]
+    rolled: list[str] = []
+
+    def rollback_one(t: Target) -> HostResult:
+        rolled.append(t.name)
+        return HostResult(t.name, "rolled_back")
+
+    ro = rollout.roll(_targets(tmp_path, names), [names], rollout.Budget(),
+                      Recorder({"h01"}, changed=False), Log(), rollback_one=rollback_one)
+    assert rolled == []  # its release was never replaced: an older one must not come back
+    assert [r.status for r in ro.rolled_back] == ["skipped"]
+
+
+# -- hooks -----------------------------------------------------------------------------
+
+
+HOOK = """
+import json, os, sys
+with open(sys.argv[1], "a") as fh:
+    fh.write(json.dumps({k: os.environ.get(k) for k in
+                         ("VIGIL_HOST", "VIGIL_ADDRESS", "VIGIL_PORT", "VIGIL_HOOK")}) + "\\n")
+sys.exit(int(sys.argv[2]))
+"""
+
+
+def test_hooks_get_name_and_address_in_the_environment_never_a_shell(tmp_path: Path) -> None:
+    script = tmp_path / "hook.py"
+    script.write_text(HOOK)
+    out = tmp_path / "calls.jsonl"
+    pwned = tmp_path / "pwned"
+    hostile = f"127.0.0.1;touch {pwned}"
+    t = target_in(tmp_path, "hosts:\n  lb1: {model: tiny-cpu, stack: lab-cpu, "
+                  f"address: '{hostile}', port: 8123}}\n", "lb1")
+    hooks = rollout.Hooks.parse(f"{sys.executable} {script} '{out}' 0",
+                                f"{sys.executable} {script} '{out}' 3")
+    said: list[str] = []
+    hooks.run("before_stop", t, said.append)
+    with pytest.raises(HostError, match="hook after_ready exited 3"):
+        hooks.run("after_ready", t, said.append)
+    calls = [json.loads(line) for line in out.read_text().splitlines()]
+    assert calls == [
+        {"VIGIL_HOST": "lb1", "VIGIL_ADDRESS": hostile, "VIGIL_PORT": "8123",
+         "VIGIL_HOOK": "before_stop"},
+        {"VIGIL_HOST": "lb1", "VIGIL_ADDRESS": hostile, "VIGIL_PORT": "8123",
+         "VIGIL_HOOK": "after_ready"},
+    ]
+    assert not pwned.exists()
+
+
+def test_a_missing_hook_command_is_a_clear_error(tmp_path: Path) -> None:
+    t = _targets(tmp_path, ["h1"])[0]
+    with pytest.raises(HostError, match="command not found"):
+        rollout.Hooks.parse("/nonexistent/drain", None).run("before_stop", t, lambda _: None)
+    with pytest.raises(ConfigError, match="--after-ready"):
+        rollout.Hooks.parse(None, "drain 'unclosed")
+
+
+# -- recap -----------------------------------------------------------------------------
+
+
+def test_json_and_junit_recap(tmp_path: Path) -> None:
+    names = HOSTS[:8]
+    ro = rollout.roll(_targets(tmp_path, names), rollout.plan_batches(names, "1,25%"),
+                      rollout.Budget(), Recorder({"h03"}), Log(),
+                      rollback_one=lambda t: HostResult(t.name, "rolled_back"))
+    data = rollout.rollout_json(ro)
+    json.dumps(data)  # JSON-able as is
+    assert data["exit_code"] == 7 and data["stopped"]
+    assert data["done"] == ["h01", "h02"] and data["failed"] == ["h03"]
+    assert data["untouched"] == names[3:]
+    assert [b["hosts"] for b in data["batches"]] == [["h01"], ["h02", "h03"]]
+    assert data["hosts"]["h03"]["batch"] == 2
+    assert data["rolled_back"]["h03"]["status"] == "rolled_back"
+
+    root = ET.fromstring(rollout.junit_xml(ro))
+    cases = root.findall(".//testcase")
+    assert sorted(c.get("name") or "" for c in cases) == names  # one case per host
+    failed = [c.get("name") for c in cases if c.find("failure") is not None]
+    skipped = [c.get("name") for c in cases if c.find("skipped") is not None]
+    assert failed == ["h03"] and skipped == names[3:]
+    text = rollout.summary(ro)
+    assert "done=2 failed=1 untouched=5" in text and "stopped" in text

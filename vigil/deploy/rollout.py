@@ -1,0 +1,457 @@
+"""Rolling deploys: hosts in batches behind the verify gate, a failure budget, drain hooks.
+
+The planner is pure (``parse_serial``, ``plan_batches``, ``allowed_failures``); the driver
+(``roll``) runs ``deploy_host`` on every host of a batch in parallel and starts the next
+batch only when each host of this one is proven ready (``deploy_host`` waits for verify's
+real completion) or has failed. Past the failure budget it stops: hosts not reached are
+not touched, and ``--rollback-failed`` puts the stopping batch's failed hosts back on
+their previous release and verifies them.
+
+``serial`` follows Ansible: a count, a percentage of all hosts, or a list of them; the
+last item repeats until every host is in a batch (``1,25%`` = a canary, then quarters).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import subprocess
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vigil.desired.render import CACHE_ROOT, service_paths
+from vigil.desired.targets import Target
+from vigil.errors import ConfigError, HostError, VigilError
+from vigil.exitcodes import ExitCode
+from vigil.report import HostResult, Log
+from vigil.transport.remote import call
+from vigil.transport.ssh import Transport, connect, privileged
+from vigil.verify.report import Reporter, outcome_json
+from vigil.verify.watch import ProbeTarget, watch_service
+from vigil.verify.watch import Settings as WatchSettings
+
+HOOK_TIMEOUT_S = 300.0
+
+
+# -- the plan (pure) -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    """One item of ``serial``: a host count, or a percentage of all hosts."""
+
+    count: int | None = None
+    percent: float | None = None
+
+    def size(self, total: int) -> int:
+        if self.count is not None:
+            return self.count
+        assert self.percent is not None
+        # Ansible: a percentage of the play's hosts, rounded down, at least one host
+        return max(1, int(total * self.percent / 100))
+
+    def __str__(self) -> str:
+        return str(self.count) if self.count is not None else f"{self.percent:g}%"
+
+
+def _bad(value: str, why: str, flag: str) -> ConfigError:
+    return ConfigError(f"{value!r}: {why}", key=flag,
+                       fix="a count (2), a percentage (25%) or a list (1,25%,100%)")
+
+
+def _step(item: str, flag: str) -> Step:
+    text = item.strip()
+    try:
+        if text.endswith("%"):
+            pct = float(text[:-1])
+            if not (0 < pct <= 100) or math.isnan(pct):
+                raise _bad(item, "a percentage must be above 0 and at most 100", flag)
+            return Step(percent=pct)
+        count = int(text)
+    except ValueError:
+        raise _bad(item, "not a count or a percentage", flag) from None
+    if count < 1:
+        raise _bad(item, "a batch needs at least one host", flag)
+    return Step(count=count)
+
+
+def parse_serial(text: str | None) -> tuple[Step, ...]:
+    """``None``/empty: one batch of every host; else a comma-separated list of steps."""
+    if text is None or not text.strip():
+        return ()
+    return tuple(_step(item, "--serial") for item in text.split(","))
+
+
+def plan_batches(hosts: Sequence[str], serial: str | None) -> list[list[str]]:
+    """The hosts in batches, in inventory order. Every host is in exactly one batch."""
+    if len(set(hosts)) != len(hosts):
+        raise ConfigError("a host is selected twice", key="--hosts")
+    steps = parse_serial(serial)
+    if not steps:
+        return [list(hosts)] if hosts else []
+    batches: list[list[str]] = []
+    left = list(hosts)
+    i = 0
+    while left:
+        size = steps[min(i, len(steps) - 1)].size(len(hosts))
+        batches.append(left[:size])
+        left = left[size:]
+        i += 1
+    return batches
+
+
+@dataclass(frozen=True)
+class Budget:
+    """``--max-fail``: failed hosts a batch may have before the rollout stops."""
+
+    count: int | None = 0
+    percent: float | None = None
+
+    def allowed(self, batch_size: int) -> int:
+        if self.count is not None:
+            return self.count
+        assert self.percent is not None
+        return int(batch_size * self.percent / 100)
+
+    def __str__(self) -> str:
+        return str(self.count) if self.count is not None else f"{self.percent:g}%"
+
+
+def parse_budget(text: str | None) -> Budget:
+    if text is None or not str(text).strip():
+        return Budget()
+    item = str(text).strip()
+    try:
+        if item.endswith("%"):
+            pct = float(item[:-1])
+            if not (0 <= pct <= 100) or math.isnan(pct):
+                raise ValueError
+            return Budget(count=None, percent=pct)
+        count = int(item)
+        if count < 0:
+            raise ValueError
+        return Budget(count=count)
+    except ValueError:
+        raise ConfigError(f"{item!r}: not a count (0, 1, ...) or a percentage (0%..100%)",
+                          key="--max-fail", fix="e.g. --max-fail 1 or --max-fail 10%") from None
+
+
+def over_budget(failed: int, batch_size: int, budget: Budget) -> bool:
+    """Past the budget: more failures than it allows (0 allowed: any failure stops)."""
+    return failed > budget.allowed(batch_size)
+
+
+# -- drain hooks -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """Commands run on the controller around a restart, e.g. to take the host out of a
+    load balancer and put it back. argv lists, never a shell: the host's name and
+    address (inventory text) reach them only as environment variables."""
+
+    before_stop: tuple[str, ...] = ()
+    after_ready: tuple[str, ...] = ()
+    timeout_s: float = HOOK_TIMEOUT_S
+
+    @classmethod
+    def parse(cls, before_stop: str | None, after_ready: str | None) -> Hooks:
+        def argv(text: str | None, flag: str) -> tuple[str, ...]:
+            if text is None or not text.strip():
+                return ()
+            try:
+                return tuple(shlex.split(text))
+            except ValueError as exc:
+                raise ConfigError(f"{text!r}: {exc}", key=flag,
+                                  fix="quote the command as you would in a shell") from None
+
+        return cls(argv(before_stop, "--before-stop"), argv(after_ready, "--after-ready"))
+
+    def run(self, which: str, t: Target, say: Callable[[str], None]) -> None:
+        argv = self.before_stop if which == "before_stop" else self.after_ready
+        if not argv:
+            return
+        env = {**os.environ, "VIGIL_HOST": t.name, "VIGIL_ADDRESS": t.vars.address,
+               "VIGIL_PORT": str(t.vars.port), "VIGIL_HOOK": which}
+        say(f"hook {which}: {shlex.join(argv)}")
+        try:
+            done = subprocess.run(list(argv), env=env, capture_output=True, text=True,
+                                  timeout=self.timeout_s, check=False)
+        except FileNotFoundError:
+            raise HostError(t.name, f"hook {which}: {argv[0]}: command not found",
+                            fix="give the command's path") from None
+        except subprocess.TimeoutExpired:
+            raise HostError(t.name, f"hook {which} ran past {self.timeout_s:.0f} s") from None
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+            raise HostError(t.name, f"hook {which} exited {done.returncode}"
+                            + ("".join(f"\n    {ln}" for ln in tail)))
+
+
+# -- results ---------------------------------------------------------------------------
+
+
+@dataclass
+class BatchResult:
+    index: int
+    hosts: list[str]
+    results: list[HostResult] = field(default_factory=list)
+    allowed_failures: int = 0
+    seconds: float = 0.0
+    stopped: bool = False  # past the budget: the rollout ends here
+
+    @property
+    def failed(self) -> list[str]:
+        return [r.host for r in self.results if r.status == "failed"]
+
+
+@dataclass
+class Rollout:
+    serial: str
+    budget: str
+    batches: list[BatchResult] = field(default_factory=list)
+    untouched: list[str] = field(default_factory=list)
+    rolled_back: list[HostResult] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def results(self) -> list[HostResult]:
+        return [r for b in self.batches for r in b.results]
+
+    @property
+    def done(self) -> list[str]:
+        return [r.host for r in self.results if r.status != "failed"]
+
+    @property
+    def failed(self) -> list[str]:
+        return [r.host for r in self.results if r.status == "failed"]
+
+    @property
+    def stopped(self) -> bool:
+        return any(b.stopped for b in self.batches)
+
+    @property
+    def exit_code(self) -> int:
+        if self.stopped:
+            return int(ExitCode.ROLLOUT_STOPPED)
+        return int(ExitCode.FAILED) if self.failed else int(ExitCode.OK)
+
+
+# -- the driver ------------------------------------------------------------------------
+
+
+DeployOne = Callable[[Target], HostResult]
+
+
+def roll(targets: Sequence[Target], batches: list[list[str]], budget: Budget,
+         deploy_one: DeployOne, log: Log, *,
+         rollback_one: DeployOne | None = None, serial: str = "") -> Rollout:
+    """Deploy batch after batch; stop past the budget. ``deploy_one`` must return only once
+    its host is proven ready or has failed (``deploy_host`` with wait does)."""
+    by_name = {t.name: t for t in targets}
+    out = Rollout(serial=serial or "all", budget=str(budget))
+    started = time.monotonic()
+    for i, names in enumerate(batches, 1):
+        batch = BatchResult(i, list(names), allowed_failures=budget.allowed(len(names)))
+        out.batches.append(batch)
+        log("rollout", f"batch {i}/{len(batches)}: {', '.join(names)}")
+        t0 = time.monotonic()
+        with ThreadPoolExecutor(max_workers=min(32, len(names))) as pool:
+            batch.results = list(pool.map(lambda n: deploy_one(by_name[n]), names))
+        batch.seconds = round(time.monotonic() - t0, 2)
+        failed = batch.failed
+        if over_budget(len(failed), len(names), budget):
+            batch.stopped = True
+            out.untouched = [n for later in batches[i:] for n in later]
+            log("rollout", f"batch {i}: {len(failed)} failed ({', '.join(failed)}), "
+                f"budget {budget} allows {batch.allowed_failures}: stopping; "
+                f"{len(out.untouched)} host(s) untouched")
+            if rollback_one is not None:
+                for res in batch.results:
+                    if res.status == "failed":
+                        out.rolled_back.append(_rollback_if_changed(by_name[res.host], res,
+                                                                    rollback_one, log))
+            break
+        log("rollout", f"batch {i}: {len(names) - len(failed)} ready, {len(failed)} failed "
+            f"(budget {budget} allows {batch.allowed_failures})")
+    out.seconds = round(time.monotonic() - started, 2)
+    return out
+
+
+def _rollback_if_changed(t: Target, failed: HostResult, rollback_one: DeployOne,
+                         log: Log) -> HostResult:
+    # A deploy that failed before its restart changed nothing the service runs, and one
+    # without a backup (a plain --restart) has no release of its own to undo: a rollback
+    # there would swap in an older release than the one that was running.
+    took_backup = any(a.startswith("backup") for a in failed.actions)
+    if not (failed.restarted and took_backup):
+        log(t.name, "not rolled back: this deploy did not replace the release "
+            "(it failed before its restart)")
+        return HostResult(t.name, "skipped", error="the deploy did not replace the release")
+    return rollback_one(t)
+
+
+def served_name(exec_start: str) -> str:
+    words = shlex.split(exec_start) if exec_start else []
+    for name in ("served-model-name", "model"):
+        value = next((w.split("=", 1)[1] for w in words if w.startswith(f"--{name}=")), None)
+        if value:
+            return value
+    return ""
+
+
+def rollback_host(t: Target, settings: WatchSettings, state_dir: Path, log: Log,
+                  hooks: Hooks | None = None) -> HostResult:
+    """Put the previous release back (unit, env file, environment link), restart and watch
+    it until a real completion, as ``invoke rollback`` does."""
+    started = time.monotonic()
+    result = HostResult(t.name, "failed", actions=["rollback: previous release"])
+    hv = t.vars
+
+    def say(message: str) -> None:
+        log(t.name, message)
+
+    transport: Transport | None = None
+    try:
+        transport = connect(t.name, hv)
+        paths = service_paths(hv)
+        reply = call(transport, hv, "rollback", {"unit": hv.service, "paths": paths},
+                     timeout=600)
+        if not reply["ok"]:
+            raise HostError(t.name, f"rollback failed: {reply['error']}")
+        say(f"rolled back: restored {', '.join(reply['restored'])}; restarted")
+        result.restarted = True
+        st = call(transport, hv, "status", {"unit": hv.service, "port": hv.port,
+                                            "unit_path": paths["unit"]})
+        target = ProbeTarget(
+            unit=hv.service, port=hv.port, user=hv.service_user,
+            cache_dir=f"{CACHE_ROOT}/{hv.service}",
+            python=f"{hv.env_root}/current/bin/python",
+            model=served_name(st["exec_start"]), api_key=dict(hv.env).get("VLLM_API_KEY"))
+        reporter = Reporter(live=False, emit=log)
+        outcome = watch_service(t.name, transport, target, settings, state_dir,
+                                privileged_fn=lambda cmd: privileged(cmd, hv),
+                                on_poll=reporter.poll)
+        result.verify = outcome_json(outcome)
+        result.verdict = outcome.verdict
+        if outcome.error is not None:
+            raise VigilError(outcome.error)
+        assert outcome.state is not None
+        if outcome.state.verdict != "ready":
+            st_ = outcome.state
+            raise HostError(t.name, f"after rollback: {st_.verdict} ({st_.cause}): "
+                            f"{st_.proof}", fix=st_.remedy)
+        result.main_pid = outcome.state.main_pid
+        if hooks is not None:
+            hooks.run("after_ready", t, say)
+        result.status = "rolled_back"
+        say("previous release serving again")
+    except VigilError as exc:
+        result.error = str(exc)
+        say(f"ROLLBACK FAILED: {exc}")
+    finally:
+        if transport is not None:
+            transport.close()
+    result.seconds = round(time.monotonic() - started, 2)
+    return result
+
+
+# -- recap for people and pipelines ----------------------------------------------------
+
+
+def _phases(r: HostResult) -> dict[str, float]:
+    phases = (r.verify or {}).get("phases") or []
+    return {p["name"]: p["duration_s"] for p in phases if isinstance(p, dict)}
+
+
+def summary(ro: Rollout) -> str:
+    width = max([8, *(len(r.host) for r in ro.results), *(len(h) for h in ro.untouched)])
+    lines = [f"{'BATCH':<5} {'HOST':<{width}}  {'RESULT':<10} {'TIME':>8}  DETAIL"]
+    for b in ro.batches:
+        for r in b.results:
+            detail = r.error.splitlines()[0] if r.error else (r.verdict or "nothing to do"
+                                                               if not r.restarted else "ready")
+            lines.append(f"{b.index:<5} {r.host:<{width}}  {r.status:<10} {r.seconds:>7.1f}s"
+                         f"  {detail}")
+    for h in ro.untouched:
+        lines.append(f"{'-':<5} {h:<{width}}  {'untouched':<10} {'':>8}  rollout stopped")
+    for r in ro.rolled_back:
+        detail = r.error.splitlines()[0] if r.error else "previous release ready"
+        lines.append(f"{'rb':<5} {r.host:<{width}}  {r.status:<10} {r.seconds:>7.1f}s  {detail}")
+    lines.append(f"done={len(ro.done)} failed={len(ro.failed)} untouched={len(ro.untouched)}"
+                 + (f" rolled_back={sum(r.status == 'rolled_back' for r in ro.rolled_back)}"
+                    if ro.rolled_back else "")
+                 + (" — stopped: failure budget exceeded" if ro.stopped else ""))
+    return "\n".join(lines)
+
+
+def rollout_json(ro: Rollout) -> dict[str, Any]:
+    return {
+        "ok": ro.exit_code == 0,
+        "exit_code": ro.exit_code,
+        "serial": ro.serial,
+        "max_fail": ro.budget,
+        "stopped": ro.stopped,
+        "seconds": ro.seconds,
+        "done": ro.done,
+        "failed": ro.failed,
+        "untouched": ro.untouched,
+        "batches": [{
+            "index": b.index, "hosts": b.hosts, "seconds": b.seconds,
+            "failed": b.failed, "allowed_failures": b.allowed_failures, "stopped": b.stopped,
+        } for b in ro.batches],
+        "hosts": {r.host: {**asdict(r), "batch": b.index, "phases": _phases(r)}
+                  for b in ro.batches for r in b.results},
+        "rolled_back": {r.host: asdict(r) for r in ro.rolled_back},
+    }
+
+
+def junit_xml(ro: Rollout) -> str:
+    """One test case per host (suite per batch); failed is a failure, untouched skipped."""
+    suites = ET.Element("testsuites", name="vigil.deploy", time=f"{ro.seconds:.2f}")
+
+    def suite(name: str, tests: int, failures: int, skipped: int, secs: float) -> ET.Element:
+        return ET.SubElement(suites, "testsuite", name=name, tests=str(tests),
+                             failures=str(failures), errors="0", skipped=str(skipped),
+                             time=f"{secs:.2f}")
+
+    rolled = {r.host: r for r in ro.rolled_back}
+    for b in ro.batches:
+        s = suite(f"batch {b.index}", len(b.results), len(b.failed), 0, b.seconds)
+        for r in b.results:
+            case = ET.SubElement(s, "testcase", classname=f"vigil.deploy.batch{b.index}",
+                                 name=r.host, time=f"{r.seconds:.2f}")
+            if r.status == "failed":
+                first = (r.error or "failed").splitlines()[0]
+                el = ET.SubElement(case, "failure", message=first, type=r.verdict or "failed")
+                el.text = r.error
+            out = [f"{r.status}; " + ", ".join(f"{k} {v:.1f}s" for k, v in _phases(r).items())]
+            if r.host in rolled:
+                rb = rolled[r.host]
+                out.append(f"rollback: {rb.status}" + (f" ({rb.error})" if rb.error else ""))
+            ET.SubElement(case, "system-out").text = "\n".join(out)
+    if ro.untouched:
+        s = suite("untouched", len(ro.untouched), 0, len(ro.untouched), 0.0)
+        for h in ro.untouched:
+            case = ET.SubElement(s, "testcase", classname="vigil.deploy.untouched", name=h,
+                                 time="0.00")
+            ET.SubElement(case, "skipped", message="rollout stopped by the failure budget")
+    ET.indent(suites)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, "unicode") + "\n"
+
+
+def write_junit(path: str, ro: Rollout) -> None:
+    target = Path(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_text(junit_xml(ro))
+        tmp.replace(target)
+    except OSError as exc:
+        raise ConfigError(f"cannot write: {exc.strerror}", file=path) from None
