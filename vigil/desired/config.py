@@ -163,6 +163,9 @@ class ModelProfile(Strict):
     env: dict[str, str] = Field(default_factory=dict)
     weights_gib_per_gpu: float = Field(gt=0, description="for budgets and disk checks")
     num_attention_heads: int | None = Field(None, ge=1)
+    shutdown_timeout_s: int = Field(
+        0, ge=0, description="vLLM --shutdown-timeout: in-flight requests may finish for this "
+        "long on stop (0: aborted)")
 
     @model_validator(mode="before")
     @classmethod

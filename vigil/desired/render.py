@@ -125,6 +125,9 @@ def vllm_argv(python: str, host: HostVars, profile: ModelProfile) -> list[str]:
         args.append("--enforce-eager")
     if profile.trust_remote_code:
         args.append("--trust-remote-code")
+    if profile.shutdown_timeout_s:
+        # a restart drains: requests in flight may finish instead of being aborted
+        args.append(f"--shutdown-timeout={profile.shutdown_timeout_s}")
     args += ["--disable-access-log-for-endpoints=/health,/metrics"]
     args += profile.extra_args
     return args
@@ -226,7 +229,8 @@ def render(
         "start_limit_burst": 3,
         "restart_sec": 30,
         "timeout_start_s": int(host.serve_timeout_s),
-        "timeout_stop_s": 90,
+        # systemd must not SIGKILL a drain that vLLM is allowed to take
+        "timeout_stop_s": max(90, profile.shutdown_timeout_s + 30),
     }
     unit_text = _render(jenv, "vllm.service.j2", context)
     env_text = _render(jenv, "vllm.env.j2", {**context, "env": env})
