@@ -42,6 +42,16 @@ from vigil.transport.ssh import Transport, connect, privileged
         "reinstall": "build a fresh environment beside the current one; switch only if it "
         "passes verification",
         "kill_stale": "end processes outside the service that hold GPU memory",
+        "serial": "roll in batches: a count, a percentage or a list (1,25%,100%); each "
+        "batch starts once every host of the one before is ready or failed",
+        "max_fail": "failed hosts a batch may have (count or %, default 0) before the "
+        "rollout stops; later hosts stay untouched",
+        "rollback_failed": "when the rollout stops, put its failed hosts back on their "
+        "previous release and verify them",
+        "junit": "write a JUnit XML report (one test case per host) to this file",
+        "before_stop": "command run on this machine before a host's service restarts "
+        "(VIGIL_HOST, VIGIL_ADDRESS, VIGIL_PORT in its environment)",
+        "after_ready": "command run on this machine once a restarted host is proven ready",
     },
     iterable=["set_"],
 )
@@ -57,8 +67,17 @@ def deploy(
     no_wait: bool = False,
     reinstall: bool = False,
     kill_stale: bool = False,
+    serial: str | None = None,
+    max_fail: str | None = None,
+    rollback_failed: bool = False,
+    junit: str | None = None,
+    before_stop: str | None = None,
+    after_ready: str | None = None,
 ) -> None:
     """Plan, apply, restart only what changed, and wait until the service serves."""
+    from vigil.deploy import rollout
+    from vigil.deploy.hooks import Hooks
+
     with user_errors():
         inv = load_inventory(c)
         targets = targets_mod.resolve(
@@ -66,11 +85,22 @@ def deploy(
             template_dir=setting(c, "templates"),
         )
         log = Log(width=max(len(t.name) for t in targets))
-        results = deploy_mod.deploy(
-            targets, deploy_mod.Options(check=check, restart=restart, wait=not no_wait,
-                                        reinstall=reinstall, kill_stale=kill_stale,
-                                        state_dir=setting(c, "state_dir")), log
-        )
+        opts = deploy_mod.Options(check=check, restart=restart, wait=not no_wait,
+                                  reinstall=reinstall, kill_stale=kill_stale,
+                                  state_dir=setting(c, "state_dir"),
+                                  hooks=Hooks.parse(before_stop, after_ready))
+        if serial or max_fail or rollback_failed or junit:
+            ro = rollout.run(targets, opts, log, serial=serial, max_fail=max_fail,
+                             rollback_failed=rollback_failed)
+            print(rollout.summary(ro))
+            if json:
+                write_json(json, rollout.rollout_json(ro))
+            if junit:
+                rollout.write_junit(junit, ro)
+            if ro.exit_code:
+                raise Exit(code=ro.exit_code)
+            return
+        results = deploy_mod.deploy(targets, opts, log)
         print(summary_table(results))
         if json:
             write_json(json, results_json(results))

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.conftest import target_in
-from vigil.deploy import rollout
+from vigil.deploy import hooks, rollout
 from vigil.desired import inventory
 from vigil.desired import targets as targets_mod
 from vigil.desired.targets import Target
@@ -189,12 +189,12 @@ def test_hooks_get_name_and_address_in_the_environment_never_a_shell(tmp_path: P
     hostile = f"127.0.0.1;touch {pwned}"
     t = target_in(tmp_path, "hosts:\n  lb1: {model: tiny-cpu, stack: lab-cpu, "
                   f"address: '{hostile}', port: 8123}}\n", "lb1")
-    hooks = rollout.Hooks.parse(f"{sys.executable} {script} '{out}' 0",
+    drain = hooks.Hooks.parse(f"{sys.executable} {script} '{out}' 0",
                                 f"{sys.executable} {script} '{out}' 3")
     said: list[str] = []
-    hooks.run("before_stop", t, said.append)
+    drain.run("before_stop", t, said.append)
     with pytest.raises(HostError, match="hook after_ready exited 3"):
-        hooks.run("after_ready", t, said.append)
+        drain.run("after_ready", t, said.append)
     calls = [json.loads(line) for line in out.read_text().splitlines()]
     assert calls == [
         {"VIGIL_HOST": "lb1", "VIGIL_ADDRESS": hostile, "VIGIL_PORT": "8123",
@@ -208,9 +208,9 @@ def test_hooks_get_name_and_address_in_the_environment_never_a_shell(tmp_path: P
 def test_a_missing_hook_command_is_a_clear_error(tmp_path: Path) -> None:
     t = _targets(tmp_path, ["h1"])[0]
     with pytest.raises(HostError, match="command not found"):
-        rollout.Hooks.parse("/nonexistent/drain", None).run("before_stop", t, lambda _: None)
+        hooks.Hooks.parse("/nonexistent/drain", None).run("before_stop", t, lambda _: None)
     with pytest.raises(ConfigError, match="--after-ready"):
-        rollout.Hooks.parse(None, "drain 'unclosed")
+        hooks.Hooks.parse(None, "drain 'unclosed")
 
 
 # -- recap -----------------------------------------------------------------------------

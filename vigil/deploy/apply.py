@@ -19,7 +19,7 @@ from typing import Any
 from vigil.deploy.facts import HostFacts, parse_facts
 from vigil.deploy.plan import Plan, make_plan
 from vigil.deploy.preflight import check_host, stale_gpu_processes
-from vigil.deploy.rollout import Hooks
+from vigil.deploy.hooks import Hooks
 from vigil.deploy.runtime import verify_install
 from vigil.desired.render import paths_for
 from vigil.desired.targets import Target

@@ -14,9 +14,7 @@ last item repeats until every host is in a batch (``1,25%`` = a canary, then qua
 from __future__ import annotations
 
 import math
-import os
 import shlex
-import subprocess
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
@@ -25,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vigil.deploy.apply import Options, deploy_host
+from vigil.deploy.hooks import Hooks
 from vigil.desired.render import CACHE_ROOT, service_paths
 from vigil.desired.targets import Target
 from vigil.errors import ConfigError, HostError, VigilError
@@ -35,9 +35,6 @@ from vigil.transport.ssh import Transport, connect, privileged
 from vigil.verify.report import Reporter, outcome_json
 from vigil.verify.watch import ProbeTarget, watch_service
 from vigil.verify.watch import Settings as WatchSettings
-
-HOOK_TIMEOUT_S = 300.0
-
 
 # -- the plan (pure) -------------------------------------------------------------------
 
@@ -147,53 +144,6 @@ def over_budget(failed: int, batch_size: int, budget: Budget) -> bool:
     return failed > budget.allowed(batch_size)
 
 
-# -- drain hooks -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Hooks:
-    """Commands run on the controller around a restart, e.g. to take the host out of a
-    load balancer and put it back. argv lists, never a shell: the host's name and
-    address (inventory text) reach them only as environment variables."""
-
-    before_stop: tuple[str, ...] = ()
-    after_ready: tuple[str, ...] = ()
-    timeout_s: float = HOOK_TIMEOUT_S
-
-    @classmethod
-    def parse(cls, before_stop: str | None, after_ready: str | None) -> Hooks:
-        def argv(text: str | None, flag: str) -> tuple[str, ...]:
-            if text is None or not text.strip():
-                return ()
-            try:
-                return tuple(shlex.split(text))
-            except ValueError as exc:
-                raise ConfigError(f"{text!r}: {exc}", key=flag,
-                                  fix="quote the command as you would in a shell") from None
-
-        return cls(argv(before_stop, "--before-stop"), argv(after_ready, "--after-ready"))
-
-    def run(self, which: str, t: Target, say: Callable[[str], None]) -> None:
-        argv = self.before_stop if which == "before_stop" else self.after_ready
-        if not argv:
-            return
-        env = {**os.environ, "VIGIL_HOST": t.name, "VIGIL_ADDRESS": t.vars.address,
-               "VIGIL_PORT": str(t.vars.port), "VIGIL_HOOK": which}
-        say(f"hook {which}: {shlex.join(argv)}")
-        try:
-            done = subprocess.run(list(argv), env=env, capture_output=True, text=True,
-                                  timeout=self.timeout_s, check=False)
-        except FileNotFoundError:
-            raise HostError(t.name, f"hook {which}: {argv[0]}: command not found",
-                            fix="give the command's path") from None
-        except subprocess.TimeoutExpired:
-            raise HostError(t.name, f"hook {which} ran past {self.timeout_s:.0f} s") from None
-        if done.returncode != 0:
-            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-            raise HostError(t.name, f"hook {which} exited {done.returncode}"
-                            + ("".join(f"\n    {ln}" for ln in tail)))
-
-
 # -- results ---------------------------------------------------------------------------
 
 
@@ -238,12 +188,29 @@ class Rollout:
 
     @property
     def exit_code(self) -> int:
-        if self.stopped:
+        if self.untouched:
             return int(ExitCode.ROLLOUT_STOPPED)
         return int(ExitCode.FAILED) if self.failed else int(ExitCode.OK)
 
 
 # -- the driver ------------------------------------------------------------------------
+
+
+def run(targets: Sequence[Target], opts: Options, log: Log, *, serial: str | None = None,
+        max_fail: str | None = None, rollback_failed: bool = False) -> Rollout:
+    """``invoke deploy --serial/--max-fail/--rollback-failed``: plan the batches (bad flags
+    are refused before any host is touched), then roll."""
+    batches = plan_batches([t.name for t in targets], serial)
+    budget = parse_budget(max_fail)
+    if not opts.wait and not opts.check:
+        raise ConfigError("a rolling deploy gates each batch on verify; it cannot skip the "
+                          "wait", key="--no-wait", fix="drop --no-wait")
+    rollback_one = None
+    if rollback_failed and not opts.check:
+        def rollback_one(t: Target) -> HostResult:
+            return rollback_host(t, opts.watch, opts.state_dir, log, opts.hooks)
+    return roll(targets, batches, budget, lambda t: deploy_host(t, opts, log), log,
+                rollback_one=rollback_one, serial=serial or "")
 
 
 DeployOne = Callable[[Target], HostResult]
