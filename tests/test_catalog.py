@@ -154,6 +154,42 @@ FATALS = [
      "('0.0.0.0', 8000): address already in use"),
     ("cpu_memory", "ValueError: Available memory on node 0 (3.1/15.5 GiB) on startup is less "
      "than desired CPU memory utilization (0.9, 14.0 GiB)."),
+    # older and alternative wordings (V0, Ray, uvicorn's bind error)
+    ("kv_cache_too_small", "ValueError: The model's max seq len (8192) is larger than the "
+     "maximum number of tokens that can be stored in KV cache (2400). Try increasing "
+     "`gpu_memory_utilization` or decreasing `max_model_len` when initializing the engine."),
+    ("not_enough_gpus", "ValueError: The number of required GPUs exceeds the total number of "
+     "available GPUs in the placement group."),
+    ("port_in_use", "ERROR:    [Errno 98] error while attempting to bind on address "
+     "('0.0.0.0', 44319): [errno 98] address already in use"),
+    ("corrupt_weights", "safetensors_rust.SafetensorError: Error while deserializing header: "
+     "MetadataIncompleteBuffer"),
+    ("corrupt_weights", "safetensors_rust.SafetensorError: Error while deserializing header: "
+     "HeaderTooLarge"),
+    ("corrupt_weights", "RuntimeError: Cannot find any model weights with `/models/m`"),
+    ("kernel_jit_build_failed", "subprocess.CalledProcessError: Command '['ninja', '-v', '-C', "
+     "'/root/.cache/flashinfer/86/cached_ops', '-f', 'build.ninja']' returned non-zero exit "
+     "status 1."),
+    ("kernel_jit_build_failed", "ninja: build stopped: subcommand failed."),
+    ("cuda_driver_mismatch", "RuntimeError: The NVIDIA driver on your system is too old "
+     "(found version 11040)."),
+    ("cuda_driver_mismatch", "RuntimeError: CUDA error: CUDA driver version is insufficient "
+     "for CUDA runtime version"),
+    ("unsupported_gpu", "RuntimeError: CUDA error: no kernel image is available for execution "
+     "on the device"),
+    ("unsupported_gpu", "ValueError: Bfloat16 is only supported on GPUs with compute capability "
+     "of at least 8.0. Your Tesla T4 GPU has compute capability 7.5."),
+    ("model_access_denied", "huggingface_hub.errors.GatedRepoError: 403 Client Error. Cannot "
+     "access gated repo for url https://hf.co/meta-llama/x/resolve/main/config.json."),
+    ("model_access_denied", "OSError: You are trying to access a gated repo."),
+    ("trust_remote_code", "ValueError: Loading /models/m requires you to execute the "
+     "configuration file in that repo on your local machine. Make sure you have read the code "
+     "there to avoid malicious use, then set the option `trust_remote_code=True` to remove "
+     "this error."),
+    ("tokenizer_missing", "OSError: Can't load tokenizer for '/models/m'. If you were trying "
+     "to load it from 'https://hf.co/models', make sure you don't have a local directory with "
+     "the same name."),
+    ("disk_full", "OSError: [Errno 28] No space left on device"),
     ("engine_dead", "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue."),
     ("engine_dead", "EngineCore encountered a fatal error."),
     ("engine_dead", "Worker proc VllmWorker-3 died unexpectedly, shutting down executor."),
@@ -181,10 +217,10 @@ def test_every_required_cause_has_a_pattern_and_a_remedy() -> None:
                 "kv_cache_too_small", "max_model_len_exceeds_model", "tp_indivisible",
                 "not_enough_gpus", "nccl_error", "port_in_use", "cpu_memory", "engine_dead",
                 "unknown"}
-    assert required <= {f.cause for f in catalog.FATALS}
-    assert required <= set(catalog.REMEDIES)
+    assert required <= set(catalog.CAUSE)
+    assert all(catalog.CAUSE[c].remedy for c in required)
     # every cause the catalog knows is exercised by a line above
-    assert {c for c, _ in FATALS} == {f.cause for f in catalog.FATALS}
+    assert {c for c, _ in FATALS} == set(catalog.CAUSE)
 
 
 def test_remedies_name_the_concrete_fix() -> None:
@@ -193,6 +229,8 @@ def test_remedies_name_the_concrete_fix() -> None:
     assert "pip install flashinfer-jit-cache==0.6.4" in m.remedy and "0.6.3" in m.remedy
     m = catalog.classify(FATALS[8][1])
     assert m.remedy is not None and "--max-model-len (4096)" in m.remedy
+    m = catalog.classify(FATALS[16][1])
+    assert m.remedy is not None and "max_model_len (8192)" in m.remedy
     m = catalog.classify(FATALS[10][1])
     assert m.remedy is not None and "(16)" in m.remedy
 

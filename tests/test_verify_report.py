@@ -24,7 +24,8 @@ SHORT = Budgets(stall_s={p: 30.0 for p in reducer.PHASES})  # what the live watc
 def outcome(trace: str, host: str = "lab5") -> Outcome:
     _, snaps = replay.load(TRACES / trace)
     state = replay.run(snaps, SHORT)
-    code = {"ready": 0, "crashed": 3, "stalled": 4, "timed_out": 5}[state.verdict or ""]
+    code = {"ready": 0, "crashed": 3, "stalled": 4, "timed_out": 5,
+            "stopped": 6}[state.verdict or ""]
     smoke = next((s.smoke for s in reversed(snaps) if s.smoke is not None), None)
     return Outcome(host, state=state, plan=plan_budgets([], KEY), key=KEY,
                    trace=str(TRACES / trace), exit_code=code, smoke=smoke,

@@ -18,36 +18,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from vigil.verify.catalog import PHASES
+from vigil.verify.catalog import PHASE, PHASE_RECORDS, PHASES
 
 WATCHED_PHASES: tuple[str, ...] = PHASES[:-1]  # `ready` has no budget
 
 CacheState = Literal["cold", "warm"]
 
+# Defaults come from the Phase records (catalog.py): one record per phase.
 # Quiet windows: how long a phase may show no progress evidence before it is stalled.
-# Compile gets the longest: Dynamo traces for minutes before inductor writes a file.
-DEFAULT_STALL_S: dict[str, float] = {
-    "bootstrap": 180.0,
-    "engine_init": 180.0,
-    "distributed_init": 300.0,
-    "loading_weights": 300.0,
-    "compiling": 480.0,
-    "kv_cache": 300.0,
-    "capturing_graphs": 300.0,
-    "api_starting": 120.0,
-}
-
+DEFAULT_STALL_S: Mapping[str, float] = {p.name: p.stall_s for p in PHASE_RECORDS}
 # Budgets with no history and no size information: generous, like a fixed probe.
-DEFAULT_PHASE_S: dict[str, float] = {
-    "bootstrap": 120.0,
-    "engine_init": 120.0,
-    "distributed_init": 180.0,
-    "loading_weights": 600.0,
-    "compiling": 1200.0,
-    "kv_cache": 300.0,
-    "capturing_graphs": 300.0,
-    "api_starting": 120.0,
-}
+DEFAULT_PHASE_S: Mapping[str, float] = {p.name: p.budget_s for p in PHASE_RECORDS[:-1]}
 
 # No phase budget below this: polls are seconds apart, and a phase that usually takes
 # seconds can take a minute on a loaded host without anything being wrong.
@@ -55,6 +36,9 @@ FLOOR_S = 60.0
 CAP_S = 3600.0  # no phase budget above this
 HARD_CAP_S = 7200.0  # the whole start
 MIN_SAMPLES = 3
+# A phase whose budget was learned from history times out past this multiple of it; a
+# phase with a guessed budget never times out (only a stall or the hard cap end it).
+TIMEOUT_FACTOR = 3.0
 
 
 @dataclass(frozen=True)
@@ -64,12 +48,16 @@ class Budgets:
     phase_s: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_PHASE_S))
     stall_s: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_STALL_S))
     hard_cap_s: float = HARD_CAP_S
+    learned: frozenset[str] = frozenset()  # phases whose budget comes from history
+    timeout_factor: float = TIMEOUT_FACTOR
 
     def budget(self, phase: str) -> float:
-        return self.phase_s.get(phase, DEFAULT_PHASE_S.get(phase, 300.0))
+        rec = PHASE.get(phase)
+        return self.phase_s.get(phase, rec.budget_s if rec is not None else 300.0)
 
     def stall(self, phase: str) -> float:
-        return self.stall_s.get(phase, DEFAULT_STALL_S.get(phase, 300.0))
+        rec = PHASE.get(phase)
+        return self.stall_s.get(phase, rec.stall_s if rec is not None else 300.0)
 
 
 @dataclass(frozen=True)
@@ -150,8 +138,8 @@ def fit_log_robust(
 ) -> float:
     """exp(median(log d) + k * max(1.4826 * MAD(log d), min_spread)), clamped.
 
-    k=2 is about the 98th percentile of a lognormal; `slow` then extends once (x2)
-    before a phase times out. min_spread keeps identical samples from giving a
+    k=2 is about the 98th percentile of a lognormal; past it a start is `slow`, and
+    only TIMEOUT_FACTOR x it times out. min_spread keeps identical samples from giving a
     zero-margin budget: starts that took 60 s five times may still take 80 s the sixth.
     """
     positive = [d for d in durations if d > 0]
@@ -232,7 +220,8 @@ def plan_budgets(
     fitted_total = fit_log_robust(totals, cap=hard_cap_s) if totals else hard_cap_s
     cap = min(max(fitted_total, 1.5 * sum(phase_s.values())), hard_cap_s)
     return BudgetPlan(
-        budgets=Budgets(phase_s=phase_s, stall_s=stall_windows(samples), hard_cap_s=cap),
+        budgets=Budgets(phase_s=phase_s, stall_s=stall_windows(samples), hard_cap_s=cap,
+                        learned=frozenset(p for p, src in source.items() if src == "history")),
         level=level,
         n_samples=len(samples),
         source=source,

@@ -1,41 +1,520 @@
 """The log catalog: what vLLM's log lines mean for a watcher.
 
-Pure: text in, meaning out. Patterns match fragments, not whole lines, because wording
-drifts between releases (0.10 → 0.33, see shared/VLLM_STARTUP.md); each pattern notes
-the variants it covers. Order matters only inside a table: the first match wins.
+Pure: text in, meaning out. Two records hold everything a watcher knows, one entry per
+concept, so adding a phase or a cause is one edit here:
+
+- `Phase`: its name and label, default budget and stall window, which progress signals
+  count in it, the hint when it stalls, the log markers that open/advance/close it, and
+  the traceback frames that prove a start got that far.
+- `Cause`: every wording seen (vLLM rewords its fatal messages across releases, V0 and
+  V1 word them differently), the vLLM versions they were seen in, the remedy, what the
+  remedy needs from the line, and its role: a root cause, a symptom (something died
+  further down) or a link of the failure chain ("… failed to start").
+
+Patterns match fragments, not whole lines. Order matters only inside a table.
 """
 
 from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-PHASES: tuple[str, ...] = (
-    "bootstrap",
-    "engine_init",
-    "distributed_init",
-    "loading_weights",
-    "compiling",
-    "kv_cache",
-    "capturing_graphs",
-    "api_starting",
-    "ready",
+Edge = Literal["start", "progress", "end"]
+Kind = Literal["marker", "fatal", "noise", "serving", "stop", "other"]
+Role = Literal["root", "symptom", "chain"]
+
+# Progress signals the reducer can see. Everywhere: a new log line, a new phase,
+# checkpoint-shard progress, GPU memory or RSS moving, the compile cache growing — work a
+# hung process cannot fake. CPU time only where CPU work is the work.
+ALWAYS: frozenset[str] = frozenset(
+    {"phase", "log", "shards", "gpu memory", "compile cache", "rss"})
+SIGNALS: frozenset[str] = ALWAYS | {"cpu"}
+
+
+@dataclass(frozen=True)
+class Marker:
+    name: str
+    edge: Edge
+    pattern: re.Pattern[str]
+
+
+def _mk(name: str, edge: Edge, pattern: str) -> Marker:
+    return Marker(name, edge, re.compile(pattern))
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One start phase, everything about it in one place."""
+
+    name: str
+    label: str  # for people
+    short: str  # column header in `invoke history`
+    budget_s: float  # default budget with no history and no size information
+    stall_s: float  # how long it may show no progress evidence before it is stalled
+    progress: frozenset[str]  # the signals that count as progress in this phase
+    # When none of these can be observed, busy CPUs are the best evidence left.
+    own_signals: frozenset[str] = frozenset()
+    stall_hint: str = ""
+    markers: tuple[Marker, ...] = ()
+    # Function names in a traceback (`File "…", line N, in NAME`) that prove the start
+    # reached this phase.
+    frames: frozenset[str] = frozenset()
+
+
+_NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
+_GENERIC_STALL = ("no progress for the phase's stall window with the process alive: capture "
+                  "py-spy dump --pid <worker> for each worker, then restart the unit")
+
+PHASE_RECORDS: tuple[Phase, ...] = (
+    Phase(
+        "bootstrap", "bootstrap (API server, arguments, model config)", "boot",
+        budget_s=120.0, stall_s=180.0, progress=SIGNALS,
+        markers=(
+            # The logo line carries "version X"; ≤0.13 "vLLM API server version"; later
+            # "vLLM server version".
+            _mk("server_version", "start", r"vLLM (?:API )?server version"),
+            _mk("logo_version", "start", r"^[^a-zA-Z]*version \d+\.\d+"),
+            _mk("non_default_args", "progress", r"non-default args:"),
+            _mk("resolved_arch", "progress", r"Resolved architecture:"),
+            _mk("max_model_len", "progress", r"Using max model len"),
+        ),
+    ),
+    Phase(
+        "engine_init", "engine init (engine core, executor, workers)", "engine",
+        budget_s=120.0, stall_s=180.0, progress=SIGNALS,
+        markers=(
+            # older releases: "Initializing an LLM engine (v…)"
+            _mk("engine_config", "start", r"Initializing a(?:n)? (?:V\d )?LLM engine"),
+        ),
+        frames=frozenset({"init_device", "_init_executor", "init_worker", "_init_workers_ray",
+                          "init_workers_ray", "create_worker"}),
+    ),
+    Phase(
+        "distributed_init", "distributed init (NCCL, process groups)", "dist",
+        budget_s=180.0, stall_s=300.0,
+        # NCCL busy-polls at 100 % while hung: CPU is not progress here.
+        progress=ALWAYS, own_signals=frozenset({"gpu memory", "rss"}),
+        stall_hint="workers stuck in NCCL/distributed init: run with NCCL_DEBUG=INFO, check "
+        "GPU visibility and P2P (try NCCL_P2P_DISABLE=1), then restart the unit",
+        markers=(
+            _mk("world_size", "start",
+                r"world_size=\d+ rank=\d+ local_rank=\d+ distributed_init_method="),
+            _mk("nccl_version", "progress", r"vLLM is using nccl=="),
+            _mk("dp_rank", "progress", r"is assigned as DP rank"),
+        ),
+        frames=frozenset({"init_worker_distributed_environment", "init_distributed_environment",
+                          "initialize_model_parallel", "ensure_model_parallel_initialized",
+                          "init_process_group"}),
+    ),
+    Phase(
+        "loading_weights", "loading weights", "load",
+        budget_s=600.0, stall_s=300.0,
+        # I/O bound: GPU memory or RSS must move; busy CPUs alone prove nothing.
+        progress=ALWAYS, own_signals=frozenset({"gpu memory", "rss"}),
+        stall_hint="weight loading stopped moving: check the model path's disk or network "
+        "filesystem (iostat, dmesg), then restart the unit",
+        markers=(
+            # V1 runner "Starting to load model", V2 "Loading model from scratch"
+            _mk("load_start", "start", r"Starting to load model|Loading model from scratch"),
+            _mk("shards", "progress",
+                r"Loading (?:safetensors|pt|bin)? ?checkpoint shards:\s*(?P<pct>\d+)% Completed"
+                r"\s*\|\s*(?P<done>\d+)/(?P<total>\d+)"),
+            _mk("weights_took", "progress", r"Loading weights took (?P<seconds>[0-9.]+) seconds"),
+            # "Model loading took 73.7 GiB memory and 343.1 seconds" (≤0.11 "73.7000 GiB and")
+            _mk("model_loading_took", "end",
+                r"Model loading took (?P<gib>[0-9.]+) ?GiB(?: memory)? and "
+                r"(?P<seconds>[0-9.]+) seconds"),
+        ),
+        frames=frozenset({"load_model", "load_weights", "get_model", "_initialize_model",
+                          "initialize_model", "create_weights", "safetensors_weights_iterator",
+                          "process_weights_after_loading"}),
+    ),
+    Phase(
+        "compiling", "compiling (torch.compile)", "compile",
+        # Dynamo traces for minutes before inductor writes a file: the longest window.
+        budget_s=1200.0, stall_s=480.0,
+        # inductor writes its cache as it goes: busy CPUs with a flat cache are spinning.
+        progress=ALWAYS, own_signals=frozenset({"compile cache"}),
+        stall_hint="busy CPUs but the compile cache does not grow: the compile is spinning; "
+        "py-spy dump the workers, clear the compile cache or try -O0/--enforce-eager",
+        markers=(
+            _mk("compile_start", "start", r"Starting torch\.compile"),
+            _mk("compile_cache_dir", "start", r"Using cache directory: .* torch\.compile"),
+            # CPU build
+            _mk("cpu_warmup", "start", r"Warming up model for the compilation"),
+            _mk("dynamo", "progress", r"Dynamo bytecode transform time: (?P<seconds>[0-9.]+)"),
+            _mk("graph_loaded", "progress",
+                r"Directly load (?:the )?compiled graph|Directly load AOT compilation"),
+            _mk("graph_compiled", "progress",
+                r"Compiling a graph for (?:compile range|dynamic shape|shape|general shape)"
+                r".*?takes (?P<seconds>[0-9.]+) s"),
+            _mk("graph_cached", "progress",
+                r"Cache the graph (?:of|for) |saved AOT compiled function"),
+            _mk("compile_again", "progress", r"Compiling model again due to a load failure"),
+            # "torch.compile took 41.2 s in total" (≤0.15 "takes")
+            _mk("compile_took", "end",
+                r"torch\.compile (?:took|takes) (?P<seconds>[0-9.]+) s in total"),
+            _mk("cpu_warmup_done", "end", r"Warming up done\."),
+        ),
+        frames=frozenset({"compile_fx", "compile_or_warm_up_model"}),
+    ),
+    Phase(
+        "kv_cache", "profile run and KV cache sizing", "kv",
+        budget_s=300.0, stall_s=300.0, progress=SIGNALS,
+        markers=(
+            # 0.30+ one line, ≤0.26 two; the CPU build says "CPU KV cache size"; V0 "# GPU
+            # blocks: N, # CPU blocks: M"
+            _mk("kv_available", "start", r"Available KV cache memory: (?P<gib>[0-9.]+) ?GiB"),
+            _mk("kv_size", "end", r"(?:GPU|CPU|XPU|TPU)? ?KV cache size: " + _NUM + r" tokens"),
+            _mk("kv_concurrency", "end", r"Maximum concurrency for " + _NUM + r" tokens"),
+            _mk("kv_blocks_v0", "end", r"# (?:GPU|CUDA) blocks: \d+, # CPU blocks: \d+"),
+        ),
+        frames=frozenset({"profile_run", "determine_available_memory",
+                          "determine_num_available_blocks", "initialize_cache",
+                          "_initialize_kv_caches", "initialize_kv_cache",
+                          "raise_if_cache_size_invalid", "check_enough_kv_cache_memory",
+                          "_check_enough_kv_cache_memory", "get_kv_cache_configs",
+                          "get_kv_cache_config"}),
+    ),
+    Phase(
+        "capturing_graphs", "capturing CUDA graphs", "graphs",
+        budget_s=300.0, stall_s=300.0, progress=SIGNALS,
+        markers=(
+            _mk("capture_start", "start", r"Capturing (?:CUDA|cuda) ?graphs"),
+            _mk("capture_done", "end",
+                r"Graph capturing finished in (?P<seconds>[0-9.]+) secs?"
+                r"(?:, took (?P<gib>[0-9.]+) GiB)?"),
+        ),
+        frames=frozenset({"capture_model", "_capture_cudagraphs"}),
+    ),
+    Phase(
+        "api_starting", "starting the HTTP server", "api",
+        budget_s=120.0, stall_s=120.0, progress=SIGNALS,
+        markers=(
+            # the reliable end of engine startup (≤0.18 "seconds")
+            _mk("init_engine_took", "start",
+                r"init engine \(profile, create kv cache, warmup model\) took "
+                r"(?P<seconds>[0-9.]+)"),
+            # ≤0.15 "Starting vLLM API server 0 on", later "Starting vLLM server on"
+            _mk("server_starting", "progress", r"Starting vLLM (?:API )?server (?:\d+ )?on"),
+            _mk("routes", "progress", r"Available routes are:|Route: /\S*, Methods:"),
+            _mk("uvicorn_process", "progress", r"Started server process \[\d+\]"),
+            _mk("uvicorn_waiting", "progress", r"Waiting for application startup\."),
+            _mk("app_startup_complete", "end", r"Application startup complete\."),
+        ),
+        frames=frozenset({"serve_http", "run_server_worker"}),
+    ),
+    # Serving evidence seen, /health + a completion not yet proven (live only).
+    Phase("ready", "ready (serving)", "ready", budget_s=120.0, stall_s=120.0,
+          progress=SIGNALS),
 )
 
-Edge = Literal["start", "progress", "end"]
-Kind = Literal["marker", "fatal", "noise", "other"]
+PHASE: Mapping[str, Phase] = {p.name: p for p in PHASE_RECORDS}
+PHASES: tuple[str, ...] = tuple(p.name for p in PHASE_RECORDS)
 
+
+@dataclass(frozen=True)
+class Cause:
+    """One reason a start fails, with every wording it has been seen in."""
+
+    id: str
+    patterns: tuple[str, ...]  # every wording seen (regex fragments)
+    versions: tuple[str, ...]  # vLLM versions these wordings were seen in
+    remedy: str  # str.format template over the named groups in `needs`
+    needs: tuple[str, ...] = ()  # named groups the remedy uses from the proving line
+    role: Role = "root"
+    reached: str | None = None  # the phase this failure proves the start got to
+
+    @property
+    def regex(self) -> re.Pattern[str]:
+        return _COMPILED[self.id]
+
+
+CAUSES: tuple[Cause, ...] = (
+    Cause(
+        "flashinfer_version_mismatch",
+        (r"flashinfer-(?P<pkg>cubin|jit-cache) version \((?P<have>[^)]+)\) does not match "
+         r"flashinfer version \((?P<want>[^)]+)\)",),
+        ("0.10", "0.11", "0.33"),
+        "pin flashinfer-{pkg} to the flashinfer-python version: pip install "
+        "flashinfer-{pkg}=={want} (have {have}); or FLASHINFER_DISABLE_VERSION_CHECK=1 if "
+        "you know they are compatible",
+        needs=("pkg", "want", "have"),
+        reached="engine_init",
+    ),
+    Cause(
+        "gpu_memory_held",
+        (r"Free memory on device .* on startup is less than desired GPU memory utilization",),
+        ("0.10.1", "0.11", "0.33"),
+        "another process holds GPU memory: find it with nvidia-smi --query-compute-apps="
+        "pid,used_memory --format=csv and stop it (often a stale vLLM), or lower "
+        "--gpu-memory-utilization",
+        reached="engine_init",
+    ),
+    Cause(
+        "cpu_memory",
+        (r"Available memory on node \d+ .* on startup is less than desired CPU memory "
+         r"utilization",),
+        ("0.32 (CPU build)",),
+        "not enough free host memory for --gpu-memory-utilization on the CPU build: lower it "
+        "(e.g. 0.5) and/or VLLM_CPU_KVCACHE_SPACE, or free memory on the host",
+        reached="engine_init",
+    ),
+    Cause(
+        "kv_cache_too_small",
+        (r"To serve at least one request with the models?'s max seq len \((?P<len>\d+)\)",
+         # V0 (≤0.8): raise_if_cache_size_invalid
+         r"The models?'s max seq len \((?P<len0>\d+)\) is larger than the maximum number of "
+         r"tokens that can be stored in KV cache",
+         r"No available memory for the cache blocks",
+         r"Insufficient memory for KV cache|not enough (?:GPU )?memory (?:for|to allocate) "
+         r"(?:the )?KV cache"),
+        ("0.5", "0.8 (V0)", "0.10", "0.11", "0.33"),
+        "the KV cache cannot hold one request of max_model_len{len_note}: lower "
+        "--max-model-len, raise --gpu-memory-utilization, use --kv-cache-dtype fp8, or add "
+        "GPUs (--tensor-parallel-size)",
+        needs=("len",),
+        reached="kv_cache",
+    ),
+    Cause(
+        "out_of_memory",
+        (r"CUDA out of memory|OutOfMemoryError|Failed to load model - not enough GPU memory"
+         r"|CUDA error: out of memory|HIP out of memory",),
+        ("0.5", "0.8", "0.11", "0.33"),
+        "the model does not fit: stop other GPU users, raise --tensor-parallel-size, use a "
+        "quantized checkpoint, or lower --max-model-len / --max-num-seqs",
+    ),
+    Cause(
+        "max_model_len_exceeds_model",
+        (r"User-specified max_model_len \((?P<len>\d+)\) is greater than the derived "
+         r"max_model_len",),
+        ("0.5", "0.10", "0.33"),
+        "--max-model-len{len_note} is larger than the model's context: lower it to the "
+        "model's max_position_embeddings (or use --max-model-len auto)",
+        needs=("len",),
+    ),
+    Cause(
+        "tp_indivisible",
+        (r"must be divisible by tensor parallel size",
+         r"is not divisible by (?:the )?(?:tensor parallel size|tp_size|world size)"),
+        ("0.5", "0.33"),
+        "the attention heads (or another dimension) are not divisible by "
+        "--tensor-parallel-size: pick a TP size that divides them (e.g. 1, 2, 4, 8)",
+    ),
+    Cause(
+        "not_enough_gpus",
+        (r"World size \((?P<world>\d+)\) is larger than the number of available GPUs",
+         # Ray executor (0.4 → 0.6): initialize_ray_cluster
+         r"The number of required GPUs exceeds the total number of available GPUs in the "
+         r"placement group",
+         r"Current node has no GPU available|requires \d+ GPUs? but only \d+ (?:is|are) "
+         r"available"),
+        ("0.5 (Ray)", "0.10", "0.33"),
+        "tensor x pipeline parallel size{world_note} exceeds the visible GPUs: lower "
+        "--tensor-parallel-size/--pipeline-parallel-size or fix CUDA_VISIBLE_DEVICES (and, "
+        "with Ray, the GPUs each node offers)",
+        needs=("world",),
+    ),
+    Cause(
+        "nccl_error",
+        (r"NCCL error|Failed to load NCCL library|NCCL WARN .*(?:failed|error)"
+         r"|ncclSystemError|ncclInternalError|ncclUnhandledCudaError",),
+        ("0.5.4", "0.10", "0.33"),
+        "NCCL failed: check that every GPU is visible and healthy (nvidia-smi topo -m), the "
+        "NCCL library matches torch, and run with NCCL_DEBUG=INFO to see the failing transport",
+        reached="distributed_init",
+    ),
+    Cause(
+        "port_in_use",
+        # uvicorn ≤0.6: "[Errno 98] error while attempting to bind on address (…): [errno 98]
+        # address already in use"; Python's OSError "[Errno 98] Address already in use"
+        (r"\[[Ee]rrno 98\] (?:error while attempting to bind.*: )?(?:\[errno 98\] )?"
+         r"[Aa]ddress already in use",
+         r"\[[Ee]rrno 48\] [Aa]ddress already in use"),
+        ("0.6 (uvicorn bind)", "0.10", "0.33"),
+        "the port is taken: stop the process listening on it (ss -ltnp) — often a stale "
+        "vLLM — or set a different --port",
+    ),
+    Cause(
+        "corrupt_weights",
+        (r"Error while deserializing header|HeaderTooLarge|HeaderTooSmall"
+         r"|MetadataIncompleteBuffer|incomplete metadata, file not fully covered"
+         r"|InvalidHeaderDeserialization|safetensors_rust\.SafetensorError",
+         r"Cannot find any model weights with",
+         r"(?:PytorchStreamReader failed|unexpected EOF, expected \d+ more bytes)"),
+        ("0.5", "0.8", "0.10", "0.11"),
+        "the weights are corrupt or incomplete (a truncated or missing shard): re-download "
+        "the model (huggingface-cli download … or check every shard's size against the "
+        "index) and verify the model directory before restarting",
+        reached="loading_weights",
+    ),
+    Cause(
+        "kernel_jit_build_failed",
+        (r"ninja: build stopped: subcommand failed",
+         r"Command '\[?'?ninja'?.*returned non-zero exit status",
+         r"Ninja build failed|Error building extension|ninja: error:"),
+        ("0.10.1", "0.11"),
+        "a kernel JIT build (flashinfer/ninja) failed: install the prebuilt kernels "
+        "(flashinfer-cubin/flashinfer-jit-cache matching flashinfer-python), make nvcc and "
+        "the CUDA toolkit match torch's CUDA, or pick another attention/sampling backend "
+        "(VLLM_ATTENTION_BACKEND, VLLM_USE_FLASHINFER_SAMPLER=0)",
+    ),
+    Cause(
+        "cuda_driver_mismatch",
+        (r"CUDA driver version is insufficient for CUDA runtime version"
+         r"|The NVIDIA driver on your system is too old"
+         r"|Found no NVIDIA driver on your system|NVIDIA driver .* too old"
+         r"|cudaErrorInsufficientDriver|CUDA_ERROR_(?:SYSTEM_DRIVER_MISMATCH|COMPAT_NOT_SUPPORTED)"
+         r"|forward compatibility was attempted on non supported HW",),
+        ("0.5", "0.8", "0.11"),
+        "the NVIDIA driver is older than the CUDA that torch/vLLM was built for: upgrade the "
+        "driver, or install the vLLM/torch build for the host's CUDA (nvidia-smi shows the "
+        "highest CUDA the driver supports)",
+    ),
+    Cause(
+        "unsupported_gpu",
+        (r"no kernel image is available for execution on the device"
+         r"|is not compatible with the current PyTorch installation"
+         r"|CUDA capability sm_\d+ is not compatible"
+         r"|(?:requires|needs) (?:a )?(?:GPU|device)s? with compute capability"
+         r"|(?:compute capability|capability) (?:of )?\d+\.\d+ (?:is )?(?:not supported|too low)"
+         r"|Bfloat16 is only supported on GPUs with compute capability",),
+        ("0.5", "0.8", "0.10"),
+        "the GPU architecture is not supported by this build: use a vLLM/torch build with "
+        "kernels for this GPU (TORCH_CUDA_ARCH_LIST), a dtype it supports (--dtype half on "
+        "pre-Ampere), or a quantization/backend it supports",
+    ),
+    Cause(
+        "model_access_denied",
+        (r"401 Client Error|403 Client Error|GatedRepoError|Access to model .* is restricted"
+         r"|You are trying to access a gated repo|Cannot access gated repo"
+         r"|Invalid (?:user )?token|RepositoryNotFoundError|Repository Not Found for url",),
+        ("0.5", "0.8", "0.11"),
+        "the model download was refused: accept the model's licence on its hub page, pass a "
+        "token with access (HF_TOKEN in secret_env), check the model id, or point --model "
+        "at a local copy",
+    ),
+    Cause(
+        "trust_remote_code",
+        # transformers' refusal; never the flag echoed in the engine config
+        (r"(?:pass|set) the (?:argument|option) `?trust_remote_code=True`?"
+         r"|requires you to execute the (?:configuration|modeling|tokenizer)? ?file"
+         r"|contains custom code which must be executed",),
+        ("0.5", "0.8", "0.11"),
+        "the model ships its own code: add --trust-remote-code (trust_remote_code: true in "
+        "the profile) if you trust the repository",
+    ),
+    Cause(
+        "tokenizer_missing",
+        (r"Can't load tokenizer for|Couldn't instantiate the backend tokenizer"
+         r"|tokenizer\.(?:json|model).* (?:not found|does not exist)"
+         r"|Failed to load the tokenizer",),
+        ("0.5", "0.8"),
+        "the tokenizer cannot be loaded: make sure the model directory has tokenizer files "
+        "(tokenizer.json / tokenizer.model), or pass --tokenizer with a path or hub id",
+    ),
+    Cause(
+        "disk_full",
+        (r"No space left on device|\[Errno 28\]|Disk quota exceeded",),
+        ("0.5", "0.8", "0.11"),
+        "the disk is full (model download, compile cache or /tmp): free space with df -h / "
+        "du, move the cache (HF_HOME, VLLM_CACHE_ROOT) to a larger disk",
+    ),
+    # Symptoms: the engine or a worker died; the root cause is normally above.
+    Cause(
+        "engine_dead",
+        (r"EngineDeadError|EngineCore encountered a fatal error|Worker proc \S+ died "
+         r"unexpectedly|WorkerProc hit an exception|Worker failed with error"
+         r"|AsyncEngineDeadError|Background loop has errored already",),
+        ("0.5", "0.8", "0.11", "0.20"),
+        "the engine died after starting: read the traceback before this line in the journal "
+        "(journalctl -u UNIT); a first completion failing after /health 200 often means the "
+        "model is unsupported on this backend",
+        role="symptom",
+    ),
+    # The API server lists no failed process and no root cause came before: the engine
+    # core vanished without a traceback of its own, i.e. a signal (OOM killer, kill -9).
+    Cause(
+        "engine_killed",
+        (r"Engine core initialization failed\. See root cause above\. Failed core proc\(s\): "
+         r"\{\}",),
+        ("0.10", "0.11", "0.33"),
+        "the engine core died without an error of its own, so it was killed: look for the "
+        "kernel's OOM killer (journalctl -k | grep -i 'killed process') or an operator's "
+        "kill; free host memory or lower --gpu-memory-utilization, then restart",
+        role="symptom",
+    ),
+    Cause(
+        "unknown",
+        (r"WorkerProc failed to start|EngineCore failed to start"
+         r"|Engine core initialization failed",),
+        ("0.10", "0.33"),
+        "the engine failed to start: read the root-cause traceback above this line in the "
+        "journal (journalctl -u UNIT -n 200)",
+        role="chain",
+    ),
+)
+
+CAUSE: Mapping[str, Cause] = {c.id: c for c in CAUSES}
+_COMPILED: dict[str, re.Pattern[str]] = {
+    c.id: re.compile("|".join(f"(?:{p})" for p in c.patterns)) for c in CAUSES}
+
+# Remedies of the verdicts that are not a cause.
+VERDICT_REMEDIES: Mapping[str, str] = {
+    "timed_out": "the start passed its hard cap (or a stated multiple of its learned budget): "
+    "look at the last phase's evidence; raise the cap only if history shows starts this long "
+    "are normal",
+    "stalled": _GENERIC_STALL,
+}
+
+# An exception line `pkg.mod.SomeError: message`, the last line of a traceback: the root
+# of an unknown cause. Types raised while tearing down are not roots.
+_EXCEPTION = re.compile(
+    r"^(?:[A-Za-z_][\w]*\.)*(?P<type>[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure))"
+    r"(?::\s*(?P<text>.*))?$")
+_TEARDOWN_TYPES = frozenset({"CancelledError", "KeyboardInterrupt", "SystemExit",
+                             "BrokenPipeError", "ConnectionResetError", "GeneratorExit",
+                             "ClosedResourceError"})
+# Only vLLM's own frames: a wrapper's `load_model` (a demo, a framework) proves nothing.
+_FRAME = re.compile(r'^File "[^"]*vllm[/\\][^"]*", line \d+, in (?P<func>[\w<>]+)')
+# Process names in vLLM's prefix: an engine core or a worker exists, so the start is past
+# bootstrap (`EngineCore_DP0`, `VllmWorker rank=0`, `Worker_TP1`, `RayWorkerWrapper`).
+_PROC_PHASE = re.compile(r"^(?:EngineCore|VllmWorker|Worker|RayWorkerWrapper)")
+# Serving: requests answered, throughput stats, uvicorn bound. Access lines of any status:
+# a 404 is an answer too.
+_SERVING = re.compile(
+    r'"(?:GET|POST|PUT|DELETE|HEAD|OPTIONS|PATCH) /\S* HTTP/[\d.]+" \d{3}'
+    r"|Avg prompt throughput: [0-9.]+ tokens/s"
+    r"|Uvicorn running on (?:http|unix)"
+    r"|Engine \d+: Avg prompt throughput")
+# An orderly stop: systemd's stop job, a signal, uvicorn's and vLLM's shutdown sequence.
+# (systemd prints "Stopped X" on an automatic restart after a crash too; "Stopping X" only
+# on a stop job.)
+_STOP = re.compile(
+    r"^Stopping \S+(?:\.service)?\b|Received signal SIGTERM|received SIGTERM|SIGTERM received"
+    r"|^INFO:\s+Shutting down$|^Shutting down$|Waiting for application shutdown"
+    r"|Shutting down FastAPI HTTP server|\[shutdown\]|^KeyboardInterrupt$")
+_NOISE = re.compile(r"No available shared memory broadcast block found in (?P<seconds>\d+) second")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+# Wrappers users paste around vLLM's lines: HTML colour tags, CI gutters ("  | "), a
+# bracketed ISO stamp, docker compose's "name  | ".
+_WRAPPERS = re.compile(
+    r"^(?:\s*<[^>]{1,80}>)+|^\s*\|\s|^\s*\[\d{4}-\d\d-\d\dT[\d:.]+Z?\]\s?"
+    r"|^[\w.-]{1,60}\s+\|\s")
+_TAGS = re.compile(r"</?(?:font|b|i|span)[^>]{0,80}>")
 
 # `(APIServer pid=1) INFO 11-29 10:01:02 [file.py:12] msg`; the process prefix is
-# optional (absent on tracebacks from 0.31 on), so is the level/stamp/source block.
+# optional (absent on tracebacks from 0.31 on), so is the level/stamp/source block; V0
+# wrote the source without the opening bracket (`INFO 07-07 20:12:44 metrics.py:295] msg`)
+# and Ray adds fields to the process prefix (`(RayWorkerWrapper pid=12, ip=10.0.0.1)`).
 _PREFIX = re.compile(
-    r"^\s*(?:\((?P<proc>[A-Za-z][\w\-]*) pid=(?P<pid>\d+)\)\s*)?"
+    r"^\s*(?:\((?P<proc>[A-Za-z][\w\-]*)(?: rank=\d+)? pid=(?P<pid>\d+)(?:, ip=[^)]*)?\)\s*)?"
     r"(?:(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\s+"
     r"(?P<stamp>\d\d-\d\d \d\d:\d\d:\d\d)(?:[.,]\d+)?\s+"
-    r"(?:\[(?P<source>[^\]]+)\]\s*)?)?"
+    r"(?:\[?(?P<source>[\w.\-/]+:\d+)\]\s*)?)?"
     r"(?P<msg>.*)$",
     re.DOTALL,
 )
@@ -57,12 +536,22 @@ def strip_ansi(text: str) -> str:
     return _ANSI.sub("", text)
 
 
+def _unwrap(text: str) -> str:
+    for _ in range(3):
+        new = _WRAPPERS.sub("", text, count=1)
+        if new == text:
+            break
+        text = new
+    return _TAGS.sub("", text)
+
+
 def parse_line(text: str) -> Line:
     # tqdm redraws with \r: the last redraw is the state that counts.
     clean = strip_ansi(text).rstrip("\r\n")
     if "\r" in clean:
         parts = [p for p in clean.split("\r") if p.strip()]
         clean = parts[-1] if parts else ""
+    clean = _unwrap(clean)
     m = _PREFIX.match(clean)
     if m is None:  # pragma: no cover - the pattern matches any string
         return Line(None, None, None, None, None, clean.strip())
@@ -79,7 +568,9 @@ def parse_line(text: str) -> Line:
 
 @dataclass(frozen=True)
 class Match:
-    """What one line means. `values` holds numbers pulled out of it (GiB, seconds…)."""
+    """What one line means. `values` holds numbers pulled out of it (GiB, seconds…);
+    `reached` the phase the line proves the start got to (a marker's phase, a traceback
+    frame, an engine or worker process name); `role` a fatal line's place in the chain."""
 
     kind: Kind
     line: Line
@@ -89,203 +580,35 @@ class Match:
     cause: str | None = None
     remedy: str | None = None
     values: dict[str, float] = field(default_factory=dict)
+    reached: str | None = None
+    role: Role | None = None
+    exception: str | None = None  # the exception type of an exception line
 
 
-@dataclass(frozen=True)
-class _Marker:
-    name: str
-    phase: str
-    edge: Edge
-    pattern: re.Pattern[str]
-
-
-def _m(name: str, phase: str, edge: Edge, pattern: str) -> _Marker:
-    return _Marker(name, phase, edge, re.compile(pattern))
-
-
-_NUM = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
-
-MARKERS: tuple[_Marker, ...] = (
-    # bootstrap (APIServer). The logo line carries "version X"; ≤0.13 "vLLM API server
-    # version"; later "vLLM server version".
-    _m("server_version", "bootstrap", "start", r"vLLM (?:API )?server version"),
-    _m("logo_version", "bootstrap", "start", r"^[^a-zA-Z]*version \d+\.\d+"),
-    _m("non_default_args", "bootstrap", "progress", r"non-default args:"),
-    _m("resolved_arch", "bootstrap", "progress", r"Resolved architecture:"),
-    _m("max_model_len", "bootstrap", "progress", r"Using max model len"),
-    # engine init (EngineCore); older releases: "Initializing an LLM engine (v…)".
-    _m("engine_config", "engine_init", "start", r"Initializing a(?:n)? (?:V\d )?LLM engine"),
-    # distributed init (workers)
-    _m("world_size", "distributed_init", "start",
-       r"world_size=\d+ rank=\d+ local_rank=\d+ distributed_init_method="),
-    _m("nccl_version", "distributed_init", "progress", r"vLLM is using nccl=="),
-    _m("dp_rank", "distributed_init", "progress", r"is assigned as DP rank"),
-    # weight loading: V1 runner "Starting to load model", V2 "Loading model from scratch"
-    _m("load_start", "loading_weights", "start",
-       r"Starting to load model|Loading model from scratch"),
-    _m("shards", "loading_weights", "progress",
-       r"Loading (?:safetensors|pt|bin)? ?checkpoint shards:\s*(?P<pct>\d+)% Completed\s*\|\s*"
-       r"(?P<done>\d+)/(?P<total>\d+)"),
-    _m("weights_took", "loading_weights", "progress",
-       r"Loading weights took (?P<seconds>[0-9.]+) seconds"),
-    # "Model loading took 73.7 GiB memory and 343.1 seconds" (≤0.11 "73.7000 GiB and …")
-    _m("model_loading_took", "loading_weights", "end",
-       r"Model loading took (?P<gib>[0-9.]+) ?GiB(?: memory)? and (?P<seconds>[0-9.]+) seconds"),
-    # compile: torch.compile / AOT; CPU build "Warming up model for the compilation..."
-    _m("compile_start", "compiling", "start", r"Starting torch\.compile"),
-    _m("compile_cache_dir", "compiling", "start", r"Using cache directory: .* torch\.compile"),
-    _m("cpu_warmup", "compiling", "start", r"Warming up model for the compilation"),
-    _m("dynamo", "compiling", "progress", r"Dynamo bytecode transform time: (?P<seconds>[0-9.]+)"),
-    _m("graph_loaded", "compiling", "progress",
-       r"Directly load (?:the )?compiled graph|Directly load AOT compilation"),
-    _m("graph_compiled", "compiling", "progress",
-       r"Compiling a graph for (?:compile range|dynamic shape|shape|general shape)"
-       r".*?takes (?P<seconds>[0-9.]+) s"),
-    _m("graph_cached", "compiling", "progress",
-       r"Cache the graph (?:of|for) |saved AOT compiled function"),
-    _m("compile_again", "compiling", "progress", r"Compiling model again due to a load failure"),
-    # "torch.compile took 41.2 s in total" (≤0.15 "takes")
-    _m("compile_took", "compiling", "end",
-       r"torch\.compile (?:took|takes) (?P<seconds>[0-9.]+) s in total"),
-    _m("cpu_warmup_done", "compiling", "end", r"Warming up done\."),
-    # KV cache: 0.30+ one line, ≤0.26 two; the CPU build says "CPU KV cache size"
-    _m("kv_available", "kv_cache", "start", r"Available KV cache memory: (?P<gib>[0-9.]+) ?GiB"),
-    _m("kv_size", "kv_cache", "end", r"(?:GPU|CPU|XPU|TPU)? ?KV cache size: " + _NUM + r" tokens"),
-    _m("kv_concurrency", "kv_cache", "end", r"Maximum concurrency for " + _NUM + r" tokens"),
-    # CUDA graph capture (tqdm bar, then the summary)
-    _m("capture_start", "capturing_graphs", "start", r"Capturing (?:CUDA|cuda) ?graphs"),
-    _m("capture_done", "capturing_graphs", "end",
-       r"Graph capturing finished in (?P<seconds>[0-9.]+) secs?(?:, took (?P<gib>[0-9.]+) GiB)?"),
-    # engine ready: the reliable end of engine startup (≤0.18 "seconds")
-    _m("init_engine_took", "api_starting", "start",
-       r"init engine \(profile, create kv cache, warmup model\) took (?P<seconds>[0-9.]+)"),
-    # HTTP: ≤0.15 "Starting vLLM API server 0 on", later "Starting vLLM server on"
-    _m("server_starting", "api_starting", "progress", r"Starting vLLM (?:API )?server (?:\d+ )?on"),
-    _m("uvicorn_process", "api_starting", "progress", r"Started server process \[\d+\]"),
-    _m("uvicorn_waiting", "api_starting", "progress", r"Waiting for application startup\."),
-    _m("app_startup_complete", "api_starting", "end", r"Application startup complete\."),
-)
-
-
-@dataclass(frozen=True)
-class _Fatal:
-    cause: str
-    pattern: re.Pattern[str]
-    specific: bool  # a root cause, not a link of the failure chain
-
-
-def _f(cause: str, pattern: str, *, specific: bool = True) -> _Fatal:
-    return _Fatal(cause, re.compile(pattern), specific)
-
-
-# Root causes first; the generic chain lines (`… failed to start`) come last and are
-# refined by the reducer when the root cause shows up in the same or a later poll.
-FATALS: tuple[_Fatal, ...] = (
-    _f("flashinfer_version_mismatch",
-       r"flashinfer-(?P<pkg>cubin|jit-cache) version \((?P<have>[^)]+)\) does not match "
-       r"flashinfer version \((?P<want>[^)]+)\)"),
-    _f("gpu_memory_held",
-       r"Free memory on device .* on startup is less than desired GPU memory utilization"),
-    _f("cpu_memory",
-       r"Available memory on node \d+ .* on startup is less than desired CPU memory utilization"),
-    _f("out_of_memory",
-       r"CUDA out of memory|OutOfMemoryError|Failed to load model - not enough GPU memory"),
-    _f("kv_cache_too_small",
-       r"To serve at least one request with the models?'s max seq len \((?P<len>\d+)\)"
-       r"|No available memory for the cache blocks"),
-    _f("max_model_len_exceeds_model",
-       r"User-specified max_model_len \((?P<len>\d+)\) is greater than the derived "
-       r"max_model_len"),
-    _f("tp_indivisible", r"must be divisible by tensor parallel size"),
-    _f("not_enough_gpus",
-       r"World size \((?P<world>\d+)\) is larger than the number of available GPUs"),
-    _f("nccl_error", r"NCCL error|Failed to load NCCL library|NCCL WARN .*(?:failed|error)"),
-    _f("port_in_use",
-       r"\[Errno 98\] (?:error while attempting to bind.*: )?[Aa]ddress already in use"),
-    _f("engine_dead",
-       r"EngineDeadError|EngineCore encountered a fatal error|Worker proc \S+ died unexpectedly"
-       r"|WorkerProc hit an exception|Worker failed with error"),
-    # The API server lists no failed process and no root cause came before: the engine
-    # core vanished without a traceback of its own, i.e. a signal (OOM killer, kill -9).
-    _f("engine_killed",
-       r"Engine core initialization failed\. See root cause above\. Failed core proc\(s\): \{\}"),
-    _f("unknown",
-       r"WorkerProc failed to start|EngineCore failed to start"
-       r"|Engine core initialization failed", specific=False),
-)
-
-_NOISE = re.compile(r"No available shared memory broadcast block found in (?P<seconds>\d+) second")
-
-REMEDIES: dict[str, str] = {
-    "flashinfer_version_mismatch":
-        "pin flashinfer-{pkg} to the flashinfer-python version: "
-        "pip install flashinfer-{pkg}=={want} (have {have}); or "
-        "FLASHINFER_DISABLE_VERSION_CHECK=1 if you know they are compatible",
-    "gpu_memory_held":
-        "another process holds GPU memory: find it with nvidia-smi --query-compute-apps="
-        "pid,used_memory --format=csv and stop it (often a stale vLLM), or lower "
-        "--gpu-memory-utilization",
-    "cpu_memory":
-        "not enough free host memory for --gpu-memory-utilization on the CPU build: lower "
-        "it (e.g. 0.5) and/or VLLM_CPU_KVCACHE_SPACE, or free memory on the host",
-    "out_of_memory":
-        "the model does not fit: stop other GPU users, raise "
-        "--tensor-parallel-size, use a quantized checkpoint, or lower --max-model-len / "
-        "--max-num-seqs",
-    "kv_cache_too_small":
-        "the KV cache cannot hold one request of max_model_len{len_note}: lower "
-        "--max-model-len, raise --gpu-memory-utilization, use --kv-cache-dtype fp8, or "
-        "add GPUs (--tensor-parallel-size)",
-    "max_model_len_exceeds_model":
-        "--max-model-len{len_note} is larger than the model's context: lower it to the "
-        "model's max_position_embeddings (or use --max-model-len auto)",
-    "tp_indivisible":
-        "the attention heads (or another dimension) are not divisible by "
-        "--tensor-parallel-size: pick a TP size that divides them (e.g. 1, 2, 4, 8)",
-    "not_enough_gpus":
-        "tensor x pipeline parallel size{world_note} exceeds the visible GPUs: lower "
-        "--tensor-parallel-size/--pipeline-parallel-size or fix CUDA_VISIBLE_DEVICES",
-    "nccl_error":
-        "NCCL failed: check that every GPU is visible and healthy (nvidia-smi topo -m), "
-        "the NCCL library matches torch, and run with NCCL_DEBUG=INFO to see the failing "
-        "transport",
-    "port_in_use":
-        "the port is taken: stop the process listening on it (ss -ltnp) — often a "
-        "stale vLLM — or set a different --port",
-    "engine_dead":
-        "the engine died after starting: read the traceback before this line in the "
-        "journal (journalctl -u UNIT); a first completion failing after /health 200 often "
-        "means the model is unsupported on this backend",
-    "engine_killed":
-        "the engine core died without an error of its own, so it was killed: look for the "
-        "kernel's OOM killer (journalctl -k | grep -i 'killed process') or an operator's "
-        "kill; free host memory or lower --gpu-memory-utilization, then restart",
-    "unknown":
-        "the engine failed to start: read the root-cause traceback above this line in "
-        "the journal (journalctl -u UNIT -n 200)",
-    "timed_out":
-        "the start passed its hard cap: look at the last phase's evidence; raise the cap "
-        "only if history shows starts this long are normal",
-    "stalled":
-        "no progress for the phase's stall window with the process alive: capture "
-        "py-spy dump --pid <worker> for each worker, then restart the unit",
-}
-
-
-def remedy_for(cause: str, values: dict[str, str] | None = None) -> str:
-    """The remedy text for a cause, filled with values from the proving line."""
-    v = dict(values or {})
+def remedy_for(cause: str, values: Mapping[str, str] | None = None) -> str:
+    """The remedy text for a cause (or a verdict), filled with values from the line."""
+    v: dict[str, str] = dict(values or {})
+    if "len0" in v and "len" not in v:
+        v["len"] = v["len0"]
     v.setdefault("pkg", "cubin")
     v.setdefault("want", "<flashinfer-python version>")
     v.setdefault("have", "?")
     v["len_note"] = f" ({v['len']})" if v.get("len") else ""
     v["world_note"] = f" ({v['world']})" if v.get("world") else ""
-    template = REMEDIES.get(cause, REMEDIES["unknown"])
+    rec = CAUSE.get(cause)
+    template = rec.remedy if rec is not None else VERDICT_REMEDIES.get(
+        cause, CAUSE["unknown"].remedy)
     return template.format_map(defaultdict(str, v))
 
 
+def role_of(cause: str) -> Role:
+    rec = CAUSE.get(cause)
+    return rec.role if rec is not None else "chain"
+
+
 def is_specific(cause: str) -> bool:
-    return any(f.cause == cause and f.specific for f in FATALS)
+    """A root cause (not a symptom, not a chain link)."""
+    return role_of(cause) == "root"
 
 
 def _floats(groups: dict[str, str | None]) -> dict[str, float]:
@@ -300,33 +623,62 @@ def _floats(groups: dict[str, str | None]) -> dict[str, float]:
     return out
 
 
+def _reached(line: Line, msg: str) -> str | None:
+    frame = _FRAME.match(msg)
+    if frame:
+        func = frame.group("func")
+        for p in reversed(PHASE_RECORDS):
+            if func in p.frames:
+                return p.name
+    if line.proc and _PROC_PHASE.match(line.proc):
+        return "engine_init"
+    return None
+
+
 def classify(text: str) -> Match:
-    """Classify one raw log line (ANSI codes and vLLM prefix allowed)."""
+    """Classify one raw log line (ANSI codes, vLLM prefix and paste wrappers allowed)."""
     line = parse_line(text)
     msg = line.message
     if not msg:
         return Match("other", line)
+    reached = _reached(line, msg)
     noise = _NOISE.search(msg)
     if noise:
-        return Match("noise", line, values=_floats(noise.groupdict()))
-    # A warning that only says flashinfer ignored a package is not fatal (≥0.7.2).
-    if "Ignoring incompatible flashinfer" not in msg:
-        for fatal in FATALS:
-            fm = fatal.pattern.search(msg)
+        return Match("noise", line, values=_floats(noise.groupdict()), reached=reached)
+    exc = _EXCEPTION.match(msg)
+    exc_type = exc.group("type") if exc else None
+    # A warning that only says flashinfer ignored a package is not fatal (≥0.7.2); a
+    # frame line quotes source code, not an error.
+    if "Ignoring incompatible flashinfer" not in msg and not msg.startswith("File \""):
+        for cause in CAUSES:
+            fm = cause.regex.search(msg)
             if fm:
                 groups = {k: v for k, v in fm.groupdict().items() if v is not None}
+                if cause.reached is not None and (
+                        reached is None or phase_index(cause.reached) > phase_index(reached)):
+                    reached = cause.reached
                 return Match(
-                    "fatal", line, cause=fatal.cause,
-                    remedy=remedy_for(fatal.cause, groups), values=_floats(fm.groupdict()),
+                    "fatal", line, cause=cause.id, remedy=remedy_for(cause.id, groups),
+                    values=_floats(fm.groupdict()), reached=reached, role=cause.role,
+                    exception=exc_type,
                 )
-    for marker in MARKERS:
-        mm = marker.pattern.search(msg)
-        if mm:
-            return Match(
-                "marker", line, phase=marker.phase, edge=marker.edge, marker=marker.name,
-                values=_floats(mm.groupdict()),
-            )
-    return Match("other", line)
+    if exc_type is not None and exc_type not in _TEARDOWN_TYPES and (
+            line.level in (None, "ERROR", "CRITICAL")):
+        return Match("fatal", line, cause="unknown", remedy=remedy_for("unknown"),
+                     reached=reached, role="root", exception=exc_type)
+    for phase in PHASE_RECORDS:
+        for marker in phase.markers:
+            mm = marker.pattern.search(msg)
+            if mm:
+                return Match(
+                    "marker", line, phase=phase.name, edge=marker.edge, marker=marker.name,
+                    values=_floats(mm.groupdict()), reached=phase.name,
+                )
+    if _SERVING.search(msg):
+        return Match("serving", line, reached="ready")
+    if _STOP.search(msg) or exc_type in ("KeyboardInterrupt",):
+        return Match("stop", line, reached=reached)
+    return Match("other", line, reached=reached)
 
 
 def phase_index(phase: str) -> int:

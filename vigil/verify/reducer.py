@@ -19,9 +19,22 @@ What counts as progress (resets the phase's stall clock), per phase:
 - the 60-s "No available shared memory broadcast block" line proves the process is
   alive, never progress by itself.
 
+Which signals count in which phase, each phase's stall window and hint: the `Phase`
+records in catalog.py.
+
 Stalled needs a live process tree observed (state R/S/D/T, not all zombies): a plain
 log without process data can never prove a stall. After a phase's end marker and
 before the next phase's first marker, the time counts against the next phase.
+
+Verdicts: ready, crashed, stalled, timed_out, stopped (terminal); slow (past its budget,
+still progressing; watching goes on). The root of a crash is the earliest known root
+cause, else the earliest exception line (`Type: message`), else a symptom (the engine
+died), else a chain line (`… failed to start`); fatal lines after an orderly stop are
+teardown and never a cause. Budgets never overrule evidence: a start past its budget
+that keeps progressing is `slow`; `timed_out` needs the hard cap, or a phase past
+TIMEOUT_FACTOR x a budget learned from history. Replay of a plain log decides ready when
+the serving evidence appears; a later fatal line revokes it (crashed), a later orderly
+stop is noted (ready, then stopped); budgets only annotate.
 """
 
 from __future__ import annotations
@@ -31,26 +44,33 @@ from dataclasses import dataclass, field, replace
 
 from vigil.verify import catalog
 from vigil.verify.budgets import Budgets
-from vigil.verify.snapshot import Smoke, Snapshot
+from vigil.verify.snapshot import Smoke, Snapshot, Unit
 
 PHASES = catalog.PHASES
-TERMINAL = frozenset({"ready", "stalled", "crashed", "timed_out"})
+TERMINAL = frozenset({"ready", "stalled", "crashed", "timed_out", "stopped"})
+VERDICTS = ("ready", "slow", "stalled", "crashed", "timed_out", "stopped")
 MOVE_MIB = 64.0
 RSS_MOVE = 64 * 1024 * 1024
 CPU_BUSY = 0.3  # tree CPU seconds per wall second that count as "working"
+_RANK = {"root": 0, "exception": 1, "symptom": 2, "chain": 3}
+# systemd sub-states of a stop job: someone asked the unit to stop.
+_STOP_SUBSTATES = frozenset({"stop", "stop-pre", "stop-sigterm", "stop-sigkill",
+                             "stop-watchdog"})
+# Exit statuses of a clean stop: 0, or killed by SIGTERM/SIGINT/SIGHUP (systemd's clean
+# signals), as a signal number or 128+n.
+_CLEAN_EXIT = frozenset({0, 2, 15, 130, 143})
 
-# Phases where tree CPU time is progress (see the module docstring).
-CPU_IS_PROGRESS = frozenset({"bootstrap", "engine_init", "kv_cache", "capturing_graphs",
-                             "api_starting"})
 
-STALL_HINTS: dict[str, str] = {
-    "distributed_init": "workers stuck in NCCL/distributed init: run with NCCL_DEBUG=INFO, "
-    "check GPU visibility and P2P (try NCCL_P2P_DISABLE=1), then restart the unit",
-    "loading_weights": "weight loading stopped moving: check the model path's disk or "
-    "network filesystem (iostat, dmesg), then restart the unit",
-    "compiling": "busy CPUs but the compile cache does not grow: the compile is spinning; "
-    "py-spy dump the workers, clear the compile cache or try -O0/--enforce-eager",
-}
+@dataclass(frozen=True)
+class Fatal:
+    """A fatal line: its cause, the line, the remedy, its rank and when it came."""
+
+    cause: str
+    proof: str
+    remedy: str
+    rank: str  # root | exception | symptom | chain
+    at: float
+    after_stop: bool = False
 
 
 @dataclass(frozen=True)
@@ -109,11 +129,17 @@ class WatchState:
     unit_was_up: bool = False
     startup_complete: bool = False  # "Application startup complete." seen
     startup_complete_at: float | None = None
+    serving_at: float | None = None  # requests answered, throughput stats, uvicorn bound
+    serving_line: str = ""
+    stop_at: float | None = None  # an orderly stop began (systemd stop job, SIGTERM, …)
+    stop_line: str = ""
+    begun: bool = False  # a vLLM line of this start was seen (a stop before it is the last run's)
+    ready_at: float | None = None
     health_ok: bool = False
     shards: tuple[int, int] | None = None
-    extended: frozenset[str] = frozenset()
+    extended: frozenset[str] = frozenset()  # phases already reported slow
     warnings: tuple[str, ...] = ()
-    fatal: tuple[tuple[str, str, str], ...] = ()  # (cause, line, remedy) in order seen
+    fatal: tuple[Fatal, ...] = ()  # in the order seen
     last_line: str = ""
     evidence: Evidence = Evidence()
     verdict: str | None = None
@@ -206,31 +232,33 @@ def _diff(a: Baseline, b: Baseline) -> Evidence:
 
 
 def _progress(phase: str, ev: Evidence, base: Baseline) -> tuple[str, ...]:
-    why: list[str] = []
+    seen: list[str] = []
     if ev.new_lines:
-        why.append("log")
+        seen.append("log")
     if ev.shard_moved:
-        why.append("shards")
+        seen.append("shards")
     if ev.gpu_delta_mib is not None and ev.gpu_delta_mib >= MOVE_MIB:
-        why.append("gpu memory")
+        seen.append("gpu memory")
     cache_grew = bool(
         (ev.cache_delta_files or 0) > 0 or (ev.cache_delta_bytes or 0) > 0 or ev.cache_newer
     )
     if cache_grew:
-        why.append("compile cache")
+        seen.append("compile cache")
     if ev.rss_delta_bytes is not None and abs(ev.rss_delta_bytes) >= RSS_MOVE:
-        why.append("rss")
+        seen.append("rss")
+    rec = catalog.PHASE[phase]
     busy = ev.cpu_ratio is not None and ev.cpu_ratio >= CPU_BUSY
     if busy:
-        # CPU counts where it is the work, or where the phase's own signal is unobservable.
-        own_signal_missing = (
-            (phase == "compiling" and base.cache_files is None)
-            or (phase in ("loading_weights", "distributed_init") and base.gpu_mib is None
-                and base.rss_bytes is None)
-        )
-        if phase in CPU_IS_PROGRESS or own_signal_missing:
-            why.append("cpu")
-    return tuple(why)
+        # CPU counts where it is the work, or where none of the phase's own signals can
+        # be observed (no GPUs, no readable cache): then it is the best evidence left.
+        observable = {"gpu memory": base.gpu_mib is not None,
+                      "rss": base.rss_bytes is not None,
+                      "compile cache": base.cache_files is not None}
+        own_missing = bool(rec.own_signals) and not any(
+            observable.get(sig, True) for sig in rec.own_signals)
+        if "cpu" in rec.progress or own_missing:
+            seen.append("cpu")
+    return tuple(sig for sig in seen if sig in rec.progress or sig == "cpu")
 
 
 def _mmss(seconds: float) -> str:
@@ -270,10 +298,8 @@ def _clock(state: WatchState, now: float, budgets: Budgets) -> tuple[float, floa
     span = state.spans[-1]
     if span.end is not None and span.name != "ready":
         nxt = PHASES[min(PHASES.index(span.name) + 1, len(PHASES) - 2)]
-        budget = budgets.budget(nxt) * (2 if nxt in state.extended else 1)
-        return now - span.end, budget, nxt
-    budget = budgets.budget(span.name) * (2 if span.name in state.extended else 1)
-    return now - span.start, budget, span.name
+        return now - span.end, budgets.budget(nxt), nxt
+    return now - span.start, budgets.budget(span.name), span.name
 
 
 def _label(state: WatchState) -> str:
@@ -283,12 +309,13 @@ def _label(state: WatchState) -> str:
     return f"after {span.name}" if span.end is not None else span.name
 
 
-def _best_fatal(fatal: tuple[tuple[str, str, str], ...]) -> tuple[str, str, str] | None:
-    # The first specific root cause wins over the generic chain lines that follow it.
-    for item in fatal:
-        if catalog.is_specific(item[0]):
-            return item
-    return fatal[0] if fatal else None
+def _best_fatal(fatal: tuple[Fatal, ...]) -> Fatal | None:
+    """The root: the best-ranked fatal line, the earliest of that rank; lines after an
+    orderly stop are teardown."""
+    live = [f for f in fatal if not f.after_stop]
+    if not live:
+        return None
+    return min(live, key=lambda f: _RANK[f.rank])
 
 
 def _finish(state: WatchState, verdict: str, cause: str | None, proof: str | None,
@@ -297,9 +324,89 @@ def _finish(state: WatchState, verdict: str, cause: str | None, proof: str | Non
     if spans and spans[-1].end is None:
         spans = (*spans[:-1], replace(spans[-1], end=now))
     if verdict == "ready":
-        spans = (*spans, PhaseSpan("ready", now, now))
-    done = replace(state, verdict=verdict, cause=cause, proof=proof, remedy=remedy)
+        if spans and spans[-1].name == "ready":
+            spans = (*spans[:-1], PhaseSpan("ready", spans[-1].start, now))
+        else:
+            spans = (*spans, PhaseSpan("ready", now, now))
+    done = replace(state, verdict=verdict, cause=cause, proof=proof, remedy=remedy,
+                   ready_at=now if verdict == "ready" else state.ready_at)
     return replace(done, spans=spans, summary=_describe(state, now, budgets, _label(state)))
+
+
+def _advance(spans: list[PhaseSpan], phase: str, t: float) -> bool:
+    """Move to `phase` if it is later than the current one (forward only: interleaved
+    ranks and the V2 runner's early graph capture would otherwise bounce it)."""
+    cur = spans[-1]
+    if catalog.phase_index(phase) <= catalog.phase_index(cur.name):
+        return False
+    start = cur.end if cur.end is not None else t
+    if cur.end is None:
+        spans[-1] = replace(cur, end=t)
+    spans.append(PhaseSpan(phase, start))
+    return True
+
+
+@dataclass
+class _Fold:
+    """Per-poll scratch of the line fold."""
+
+    spans: list[PhaseSpan]
+    fatal: list[Fatal]
+    shards: tuple[int, int] | None
+    st: WatchState
+    new_lines: int = 0
+    noise: int = 0
+    shard_moved: bool = False
+    phase_changed: bool = False
+
+
+def _fold_lines(st: WatchState, snap: Snapshot, now: float) -> tuple[_Fold, WatchState]:
+    f = _Fold(spans=list(st.spans), fatal=list(st.fatal), shards=st.shards, st=st)
+    for entry in snap.journal.lines:
+        t = min(entry.us / 1e6, now) if entry.us > 0 else now
+        m = catalog.classify(entry.text)
+        if m.kind == "noise":
+            f.noise += 1
+            continue
+        if m.kind == "other" and not m.line.message:
+            continue
+        f.new_lines += 1
+        f.st = replace(f.st, last_line=m.line.message)
+        if m.reached is not None and f.st.verdict != "ready":
+            f.phase_changed |= _advance(f.spans, m.reached, t)
+        if m.kind in ("fatal", "serving", "marker") or m.reached is not None:
+            f.st = replace(f.st, begun=True)
+        if m.kind == "fatal" and m.cause is not None:
+            rank = "exception" if (m.role == "root" and m.cause == "unknown") else (
+                m.role or "chain")
+            f.fatal.append(Fatal(m.cause, entry.text.strip(), m.remedy or "", rank, t,
+                                 after_stop=f.st.stop_at is not None))
+            continue
+        if m.kind == "serving":
+            if f.st.serving_at is None:
+                f.st = replace(f.st, serving_at=t, serving_line=m.line.message[:200])
+            continue
+        if m.kind == "stop":
+            # The previous run's stop (a restart's "Stopping …" before this start) is not
+            # this start's.
+            this_run = f.st.begun and t >= (f.st.started_at or t)
+            if f.st.stop_at is None and this_run:
+                f.st = replace(f.st, stop_at=t, stop_line=entry.text.strip()[:200])
+            continue
+        if m.kind != "marker" or m.phase is None:
+            continue
+        cur = f.spans[-1]
+        if m.phase == cur.name and m.edge == "end":
+            f.spans[-1] = replace(cur, end=t)
+        if m.marker == "shards":
+            done, total = int(m.values.get("done", 0)), int(m.values.get("total", 0))
+            if f.shards is None or (done, total) != f.shards:
+                f.shard_moved = True
+            f.shards = (done, total)
+        if m.marker == "app_startup_complete" and not f.st.startup_complete:
+            f.st = replace(f.st, startup_complete=True, startup_complete_at=t)
+    st = replace(f.st, spans=tuple(f.spans), fatal=tuple(f.fatal), shards=f.shards)
+    return f, st
 
 
 def step(
@@ -311,10 +418,13 @@ def step(
     log_only: bool = False,
 ) -> WatchState:
     """Fold one snapshot in. `smoke` (or `snap.smoke`) is the completion's outcome once
-    the watcher ran it. `log_only`: the input is a plain log (replay), so
-    `Application startup complete.` stands in for /health and no stall can be proven."""
+    the watcher ran it. `log_only`: the input is a plain log (replay), so serving
+    evidence in the log stands in for /health + a completion, no stall can be proven and
+    budgets only annotate."""
     smoke = smoke if smoke is not None else snap.smoke
     now = snap.time
+    if state.verdict == "ready":
+        return _after_ready(state, snap, budgets)
     if state.verdict in TERMINAL:
         return _refine_cause(state, snap)
 
@@ -328,58 +438,16 @@ def step(
     if not st.spans:
         st = replace(st, spans=(PhaseSpan("bootstrap", started),), last_progress_at=now)
 
-    # 1. Log lines: phases, fatal errors, noise.
-    new_lines = noise = 0
-    shard_moved = False
-    spans = list(st.spans)
-    fatal = list(st.fatal)
-    shards = st.shards
-    startup_complete = st.startup_complete
-    startup_complete_at = st.startup_complete_at
-    last_line = st.last_line
-    phase_changed = False
-    for entry in snap.journal.lines:
-        t = min(entry.us / 1e6, now) if entry.us > 0 else now
-        m = catalog.classify(entry.text)
-        if m.kind == "noise":
-            noise += 1
-            continue
-        if m.kind == "other" and not m.line.message:
-            continue
-        new_lines += 1
-        last_line = m.line.message
-        if m.kind == "fatal" and m.cause is not None:
-            fatal.append((m.cause, entry.text.strip(), m.remedy or ""))
-            continue
-        if m.kind != "marker" or m.phase is None:
-            continue
-        cur = spans[-1]
-        if catalog.phase_index(m.phase) > catalog.phase_index(cur.name):
-            # Forward only: interleaved ranks and the V2 runner's early graph capture
-            # would otherwise bounce the phase back and forth.
-            start = cur.end if cur.end is not None else t
-            if cur.end is None:
-                spans[-1] = replace(cur, end=t)
-            spans.append(PhaseSpan(m.phase, start))
-            phase_changed = True
-            cur = spans[-1]
-        if m.phase == cur.name and m.edge == "end":
-            spans[-1] = replace(cur, end=t)
-        if m.marker == "shards":
-            done, total = int(m.values.get("done", 0)), int(m.values.get("total", 0))
-            if shards is None or (done, total) != shards:
-                shard_moved = True
-            shards = (done, total)
-        if m.marker == "app_startup_complete" and not startup_complete:
-            startup_complete = True
-            startup_complete_at = t
+    # 1. Log lines: phases (markers, traceback frames, process names), fatal errors,
+    # serving evidence, an orderly stop, noise.
+    f, st = _fold_lines(st, snap, now)
 
     base = _baseline(snap)
     ev = _diff(st.prev, base) if st.prev is not None else Evidence()
-    ev = replace(ev, new_lines=new_lines, noise_lines=noise, shard_moved=shard_moved)
-    phase = spans[-1].name
+    ev = replace(ev, new_lines=f.new_lines, noise_lines=f.noise, shard_moved=f.shard_moved)
+    phase = st.spans[-1].name
     why = _progress(phase, ev, base)
-    if phase_changed:
+    if f.phase_changed:
         why = ("phase", *why)
     ev = replace(ev, progress=why)
 
@@ -389,31 +457,38 @@ def step(
         quiet[phase] = max(quiet.get(phase, 0.0), q)
     last_progress_at = now if why else st.last_progress_at
     st = replace(
-        st, spans=tuple(spans), fatal=tuple(fatal), shards=shards,
-        startup_complete=startup_complete, startup_complete_at=startup_complete_at,
-        last_line=last_line, evidence=ev,
-        prev=base, phase_base=base if (phase_changed or st.phase_base is None) else st.phase_base,
+        st, evidence=ev, prev=base,
+        phase_base=base if (f.phase_changed or st.phase_base is None) else st.phase_base,
         last_progress_at=last_progress_at, last_progress=", ".join(why) or st.last_progress,
         quiet_s=quiet,
     )
 
-    # 2. Crashed: a fatal line, the unit failing or restarting, the main PID changing,
-    # /health turning 503, or the first completion failing.
+    # 2. Stopped: an orderly stop by someone else, before any failure.
+    stop = _stop(st, snap)
+    if stop is not None:
+        st = _track_unit(st, snap)
+        return _finish(st, "stopped", None, stop, None, now, budgets)
+
+    # 3. Crashed: a fatal line, the unit failing or restarting on its own, /health
+    # turning 503, or the first completion failing.
     crash = _crash(st, snap, smoke)
     st = _track_unit(st, snap)
     if crash is not None:
-        cause, proof, remedy, _ = crash
+        cause, proof, remedy = crash
         return _finish(st, "crashed", cause, proof, remedy, now, budgets)
 
-    # 3. Ready: /health 200 and a real completion with tokens.
+    # 4. Ready: /health 200 and a real completion with tokens; from a plain log, the
+    # serving evidence, when it appears.
     http = snap.http
     health_ok = st.health_ok or (http is not None and http.health_status == 200)
     st = replace(st, health_ok=health_ok)
     if health_ok and smoke is not None and smoke.ok and smoke.tokens > 0:
         proof = f"/health 200 and a completion returned {smoke.tokens} tokens"
         return _finish(st, "ready", None, proof, None, now, budgets)
+    if log_only and (st.serving_at is not None or st.startup_complete):
+        return _ready_from_log(st, budgets)
 
-    # 4. Stalled: alive, no progress for the phase's stall window.
+    # 5. Stalled: alive, no progress for the phase's stall window.
     elapsed, budget, clock_phase = _clock(st, now, budgets)
     quiet_for = now - (now if st.last_progress_at is None else st.last_progress_at)
     window = max(budgets.stall(phase), budgets.stall(clock_phase))
@@ -422,63 +497,99 @@ def step(
         line = _describe(st, now, budgets, label)
         proof = f"{line}; no progress evidence for {_mmss(quiet_for)} (stall window " \
             f"{_mmss(window)}); last log line: {st.last_line[:200]!r}"
-        hint = STALL_HINTS.get(clock_phase, catalog.REMEDIES["stalled"])
+        hint = catalog.PHASE[clock_phase].stall_hint or catalog.VERDICT_REMEDIES["stalled"]
         return _finish(st, "stalled", f"stalled_{clock_phase}", proof, hint, now, budgets)
 
-    # 5. Timed out: past the hard cap, or past a phase budget already extended once.
+    # 6. Timed out: the hard cap, or a phase past a stated multiple of a budget learned
+    # from history. A guessed budget never ends a start that keeps progressing.
     since_start = now - started
-    if since_start >= budgets.hard_cap_s:
+    if not log_only and since_start >= budgets.hard_cap_s:
         proof = f"{_mmss(since_start)} since start, hard cap {_mmss(budgets.hard_cap_s)}"
-        return _finish(st, "timed_out", "timed_out", proof, catalog.REMEDIES["timed_out"],
-                       now, budgets)
-    if elapsed > budget and clock_phase in st.extended:
-        proof = f"{clock_phase} took {_mmss(elapsed)}, past its budget extended once " \
-            f"({_mmss(budget)})"
-        return _finish(st, "timed_out", "timed_out", proof, catalog.REMEDIES["timed_out"],
-                       now, budgets)
+        return _finish(st, "timed_out", "timed_out", proof,
+                       catalog.VERDICT_REMEDIES["timed_out"], now, budgets)
+    limit = budgets.timeout_factor * budget
+    if not log_only and clock_phase in budgets.learned and elapsed > limit:
+        proof = f"{clock_phase} took {_mmss(elapsed)}, past {budgets.timeout_factor:g}x " \
+            f"its learned budget {_mmss(budget)} ({_mmss(limit)})"
+        return _finish(st, "timed_out", "timed_out", proof,
+                       catalog.VERDICT_REMEDIES["timed_out"], now, budgets)
 
-    # 6. Slow: past the budget but progressing: extend once, warn, keep watching.
+    # 7. Slow: past the budget and still progressing: say how far over, keep watching.
     verdict = st.verdict
-    # A phase past its budget with no recent progress is left to the stall rule.
-    if elapsed > budget and clock_phase not in st.extended and quiet_for < window / 2:
+    if clock_phase != "ready" and elapsed > budget and quiet_for < window / 2:
         verdict = "slow"
-        st = replace(
-            st, extended=st.extended | {clock_phase},
-            warnings=(*st.warnings, f"{clock_phase} past its budget {_mmss(budget)}: "
-                      f"extended once to {_mmss(2 * budget)}"),
-        )
-    return replace(st, verdict=verdict, summary=_describe(st, now, budgets, _label(st)))
+        if clock_phase not in st.extended:
+            source = "learned" if clock_phase in budgets.learned else "default"
+            st = replace(
+                st, extended=st.extended | {clock_phase},
+                warnings=(*st.warnings, f"{clock_phase} past its budget {_mmss(budget)} "
+                          f"({source}) and still progressing"),
+            )
+    summary = _describe(st, now, budgets, _label(st))
+    if verdict == "slow" and budget > 0:
+        summary += f" (slow: {elapsed / budget:.1f}x its budget)"
+    return replace(st, verdict=verdict, summary=summary)
 
 
-def _crash(
-    st: WatchState, snap: Snapshot, smoke: Smoke | None
-) -> tuple[str, str, str, WatchState] | None:
+def _stop(st: WatchState, snap: Snapshot) -> str | None:
+    """The proof of an orderly stop by someone else, or None. A failure that came first
+    wins: vLLM stops itself after a fatal error (SIGTERM to its own PID)."""
+    first_fatal = min((f.at for f in st.fatal), default=None)
+    if st.stop_at is not None and (first_fatal is None or first_fatal > st.stop_at):
+        return f"stopped: {st.stop_line}"
+    if st.fatal:
+        return None
+    unit = snap.unit
+    if unit is None or unit.error is not None or not unit.active_state:
+        return None
+    if unit.active_state == "deactivating" and unit.sub_state in _STOP_SUBSTATES:
+        return f"stopped: unit {unit.active_state}/{unit.sub_state} (a stop job)"
+    if (st.unit_was_up and unit.active_state == "inactive"
+            and unit.exec_main_status in _CLEAN_EXIT):
+        return f"stopped: unit went inactive with a clean exit " \
+            f"(status {unit.exec_main_status})"
+    restarts0 = st.restarts0 if st.restarts0 is not None else unit.n_restarts
+    if (st.main_pid and unit.main_pid and unit.main_pid != st.main_pid
+            and unit.n_restarts == restarts0 and unit.active_state != "failed"):
+        # systemd counts its own restarts in NRestarts; a new main PID without one is a
+        # restart someone asked for.
+        return f"stopped: restarted by someone else (main PID {st.main_pid} → " \
+            f"{unit.main_pid}, NRestarts unchanged)"
+    return None
+
+
+def _crash(st: WatchState, snap: Snapshot, smoke: Smoke | None) -> tuple[str, str, str] | None:
     best = _best_fatal(st.fatal)
     unit = snap.unit
     reason: str | None = None
     if unit is not None and unit.error is None and unit.active_state:
-        restarts0 = st.restarts0 if st.restarts0 is not None else unit.n_restarts
-        if unit.active_state == "failed" or unit.sub_state == "auto-restart":
-            reason = f"unit {unit.active_state}/{unit.sub_state}, exit status " \
-                f"{unit.exec_main_status}"
-        elif st.unit_was_up and unit.active_state in ("inactive", "deactivating"):
-            reason = f"unit went {unit.active_state} (exit status {unit.exec_main_status})"
-        elif unit.n_restarts > restarts0:
-            reason = f"unit restarted: NRestarts {restarts0} → {unit.n_restarts}"
-        elif st.main_pid and unit.main_pid and unit.main_pid != st.main_pid:
-            reason = f"main PID changed {st.main_pid} → {unit.main_pid}"
+        reason = _unit_failure(st, unit)
     http = snap.http
     if reason is None and st.health_ok and http is not None and http.health_status == 503:
         reason = "/health turned 503: the engine died"
         if best is None:
-            return "engine_dead", reason, catalog.REMEDIES["engine_dead"], st
+            return "engine_dead", reason, catalog.remedy_for("engine_dead")
     if best is not None:
-        return best[0], best[1], best[2], st
+        return best.cause, best.proof, best.remedy
     if reason is not None:
-        return "unknown", reason, catalog.REMEDIES["unknown"], st
+        return "unknown", reason, catalog.remedy_for("unknown")
     if smoke is not None and not smoke.ok and (st.health_ok or _health(snap)):
         proof = f"/health 200 but the first completion failed: {smoke.error or 'no tokens'}"
-        return "engine_dead", proof, catalog.REMEDIES["engine_dead"], st
+        return "engine_dead", proof, catalog.remedy_for("engine_dead")
+    return None
+
+
+def _unit_failure(st: WatchState, unit: Unit) -> str | None:
+    restarts0 = st.restarts0 if st.restarts0 is not None else unit.n_restarts
+    if unit.active_state == "failed" or unit.sub_state == "auto-restart":
+        return f"unit {unit.active_state}/{unit.sub_state}, exit status " \
+            f"{unit.exec_main_status}"
+    if st.unit_was_up and unit.active_state in ("inactive", "deactivating"):
+        return f"unit went {unit.active_state} (exit status {unit.exec_main_status})"
+    if unit.n_restarts > restarts0:
+        return f"unit restarted: NRestarts {restarts0} → {unit.n_restarts}"
+    if st.main_pid and unit.main_pid and unit.main_pid != st.main_pid:
+        return f"main PID changed {st.main_pid} → {unit.main_pid}"
     return None
 
 
@@ -500,29 +611,80 @@ def _health(snap: Snapshot) -> bool:
 
 
 def _refine_cause(state: WatchState, snap: Snapshot) -> WatchState:
-    """After a crash on a generic chain line, a later poll may still show the root cause."""
-    if state.verdict != "crashed" or (state.cause and catalog.is_specific(state.cause)):
+    """After a crash, a later poll may still show a better-ranked root cause (a chain
+    line is logged by the API server, the root by the engine core, in any order)."""
+    if state.verdict != "crashed" or not state.fatal:
         return state
+    fatal = list(state.fatal)
     for entry in snap.journal.lines:
         m = catalog.classify(entry.text)
-        if m.kind == "fatal" and m.cause and catalog.is_specific(m.cause):
-            return replace(state, cause=m.cause, proof=entry.text.strip(),
-                           remedy=m.remedy or "")
-    return state
+        if m.kind == "fatal" and m.cause is not None:
+            rank = "exception" if (m.role == "root" and m.cause == "unknown") else (
+                m.role or "chain")
+            fatal.append(Fatal(m.cause, entry.text.strip(), m.remedy or "", rank,
+                               snap.time))
+    best = _best_fatal(tuple(fatal))
+    st = replace(state, fatal=tuple(fatal))
+    if best is None or best.proof == state.proof:
+        return st
+    return replace(st, cause=best.cause, proof=best.proof, remedy=best.remedy)
+
+
+def _ready_from_log(st: WatchState, budgets: Budgets) -> WatchState:
+    """Replay of a plain log only: serving evidence (requests answered, throughput, the
+    server bound) or `Application startup complete.` with no fatal line stands in for
+    /health 200 + a completion (a log shows neither; the smoke is unknown, not failed)."""
+    if st.serving_at is not None:
+        at = st.serving_at
+        if st.startup_complete_at is not None:
+            at = min(at, st.startup_complete_at)
+        proof = f"serving evidence in the log: {st.serving_line!r} (from the log only: " \
+            "/health and a completion were not observed)"
+    else:
+        at = st.startup_complete_at if st.startup_complete_at is not None else st.now or 0.0
+        proof = "Application startup complete. (from the log only: /health and a " \
+            "completion were not observed)"
+    return _finish(st, "ready", None, proof, None, at, budgets)
 
 
 def ready_from_log(state: WatchState, budgets: Budgets) -> WatchState:
-    """Replay of a plain log only: `Application startup complete.` and no fatal error
-    stand in for /health 200 + a completion (a log cannot show either; the smoke is
-    unknown, not failed). Never used on live snapshots."""
-    if state.verdict in TERMINAL or not state.startup_complete or state.fatal:
+    """Settle ready at the end of a plain log (kept for callers that fold without
+    log_only); no-op when a verdict is already there."""
+    if state.verdict in TERMINAL or state.fatal:
         return state
-    proof = "Application startup complete. (from the log only: /health and a completion " \
-        "were not observed)"
-    at = state.startup_complete_at
-    if at is None:
-        at = state.now or 0.0
-    return _finish(state, "ready", None, proof, None, at, budgets)
+    if state.serving_at is None and not state.startup_complete:
+        return state
+    return _ready_from_log(state, budgets)
+
+
+def _after_ready(state: WatchState, snap: Snapshot, budgets: Budgets) -> WatchState:
+    """Replay goes on after ready: a fatal error revokes it (crashed, with when); an
+    orderly stop is noted (ready, then stopped). An unknown exception alone does not
+    revoke (a rejected request logs one); a known cause or the engine dying does."""
+    now = snap.time
+    _, st = _fold_lines(replace(state, now=now, polls=state.polls + 1), snap, now)
+    served = st.serving_at is not None
+    if served and st.spans and st.spans[-1].name != "ready":
+        st = replace(st, spans=(*st.spans, PhaseSpan("ready", st.serving_at or now, now)))
+    new = [x for x in st.fatal[len(state.fatal):] if not x.after_stop]
+    if any(x.rank in ("root", "symptom") and x.cause != "unknown" for x in new):
+        best = _best_fatal(tuple(new))
+        assert best is not None
+        spans = st.spans
+        if not served and spans and spans[-1].name == "ready":
+            # ready stood on `Application startup complete.` alone, and the server never
+            # answered: it never served (e.g. the bind after startup failed).
+            spans = spans[:-1]
+        at = _mmss(best.at - (st.started_at or best.at))
+        proof = f"{best.proof} (at {at}, after ready at " \
+            f"{_mmss((st.ready_at or 0) - (st.started_at or 0))}: ready revoked)"
+        return replace(st, spans=spans, verdict="crashed", cause=best.cause, proof=proof,
+                       remedy=best.remedy)
+    if st.stop_at is not None and state.stop_at is None:
+        st = replace(st, warnings=(*st.warnings, f"ready, then stopped at "
+                                   f"{_mmss(st.stop_at - (st.started_at or st.stop_at))}: "
+                                   f"{st.stop_line}"))
+    return st
 
 
 def phase_durations(state: WatchState) -> dict[str, float]:
@@ -554,6 +716,8 @@ def report(state: WatchState) -> dict[str, object]:
             for s in state.spans
         ],
         "evidence": state.summary,
+        "ready_at": state.ready_at,
+        "stopped_at": state.stop_at,
         "warnings": list(state.warnings),
         "quiet_s": dict(state.quiet_s),
     }

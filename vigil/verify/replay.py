@@ -198,9 +198,10 @@ def replay(
     out["source"] = kind
     out["snapshots"] = len(snapshots)
     if log_only and state.verdict == "ready":
-        out["note"] = ("replayed from a plain log: ready means `Application startup "
-                       "complete.` with no fatal error after it; /health and a real "
-                       "completion were not observed")
+        out["note"] = ("replayed from a plain log: ready means serving evidence (requests "
+                       "answered, throughput lines, `Application startup complete.`) with "
+                       "no fatal error after it; /health and a real completion were not "
+                       "observed" + ("; then stopped in order" if state.stop_at else ""))
     elif state.verdict not in reducer.TERMINAL:
         out["note"] = (f"the input ends in phase {state.phase} without a final verdict"
                        + ("; /health was 200 but no completion was recorded"

@@ -21,7 +21,7 @@ from rich.live import Live
 from rich.table import Table
 
 from vigil.errors import ConfigError
-from vigil.verify import reducer
+from vigil.verify import catalog, reducer
 from vigil.verify.budgets import Budgets
 from vigil.verify.snapshot import Snapshot
 from vigil.verify.watch import Outcome
@@ -242,11 +242,8 @@ def history_table(records: list[Any]) -> str:
         return "no recorded starts (run `invoke verify` or `invoke deploy`)"
     phases = [p for p in reducer.PHASES[:-1]
               if any(p in r.phases_s for r in records)]
-    short = {"bootstrap": "boot", "engine_init": "engine", "distributed_init": "dist",
-             "loading_weights": "load", "compiling": "compile", "kv_cache": "kv",
-             "capturing_graphs": "graphs", "api_starting": "api"}
     head = f"{'WHEN (UTC)':<17} {'HOST':<8} {'MODEL':<14} {'CACHE':<5} {'VERDICT':<10}" \
-        + "".join(f"{short.get(p, p):>8}" for p in phases) + f"{'TOTAL':>8}  CAUSE"
+        + "".join(f"{catalog.PHASE[p].short:>8}" for p in phases) + f"{'TOTAL':>8}  CAUSE"
     lines = [head]
     for r in records:
         when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(r.started_at))

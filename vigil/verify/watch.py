@@ -1,6 +1,6 @@
 """The watcher: poll a starting vLLM service, fold snapshots through the reducer, say why.
 
-Per host and poll: ONE round trip runs the stdlib probe on the host and returns a
+Per host and poll: ONE round trip runs the host agent's `probe` verb and returns a
 snapshot; the pure reducer folds it in. Once `/health` answers 200 the watcher sends a
 real completion (smoke) in one more round trip and attaches its result to that
 snapshot, so a trace replays to the same verdict. It stops at a terminal verdict.
@@ -11,17 +11,16 @@ The reducer itself only ever sees the host's clock (snapshot times).
 
 from __future__ import annotations
 
-import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from functools import cache
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 from vigil.errors import HostError, VigilError
 from vigil.exitcodes import ExitCode
+from vigil.transport.remote import call_with
 from vigil.transport.ssh import Transport, connect, privileged
 from vigil.verify import history, reducer, smoke
 from vigil.verify.budgets import (
@@ -42,12 +41,8 @@ Sleep = Callable[[float], None]
 
 # The documented exit codes (vigil/exitcodes.py) of each terminal verdict.
 VERDICT_EXIT = {"ready": ExitCode.OK, "crashed": ExitCode.CRASHED,
-                "stalled": ExitCode.STALLED, "timed_out": ExitCode.TIMED_OUT}
-
-
-@cache
-def probe_source() -> str:
-    return (Path(__file__).resolve().parents[1] / "host" / "probe.py").read_text()
+                "stalled": ExitCode.STALLED, "timed_out": ExitCode.TIMED_OUT,
+                "stopped": ExitCode.STOPPED}
 
 
 @dataclass(frozen=True)
@@ -80,28 +75,11 @@ class ProbeTarget:
         return self.cache_dir, f"/tmp/torchinductor_{self.user}"
 
 
-def probe_argv(t: ProbeTarget, cursor: str | None) -> list[str]:
-    argv = ["--unit", f"{t.unit}.service" if "." not in t.unit else t.unit,
-            "--max-lines", str(t.max_lines), "--port", str(t.port), "--user", t.user]
-    for d in t.cache_dirs():
-        argv += ["--cache-dir", d]
-    if cursor:
-        argv += ["--cursor", cursor]
-    return argv
-
-
-def probe_command(t: ProbeTarget, cursor: str | None) -> str:
-    """Run the probe with the service's python when it is there, else the system's."""
-    args = " ".join(shlex.quote(a) for a in probe_argv(t, cursor))
-    py = shlex.quote(t.python)
-    return f'P={py}; [ -x "$P" ] || P=python3; "$P" - {args}'
-
-
-def parse_probe(stdout: str) -> Snapshot:
-    line = next((ln for ln in reversed(stdout.splitlines()) if ln.strip().startswith("{")), "")
-    if not line:
-        raise ValueError("the probe printed no snapshot")
-    return Snapshot.from_json(line)
+def probe_request(t: ProbeTarget, cursor: str | None) -> dict[str, Any]:
+    """The agent's `probe` request (on stdin: the API key never reaches a command line)."""
+    return {"unit": f"{t.unit}.service" if "." not in t.unit else t.unit,
+            "max_lines": t.max_lines, "port": t.port, "user": t.user,
+            "cache_dirs": list(t.cache_dirs()), "cursor": cursor, "api_key": t.api_key}
 
 
 @dataclass
@@ -115,27 +93,26 @@ class Poller:
     probe_s: list[float] = field(default_factory=list)  # wall time per probe round trip
 
     def probe(self, cursor: str | None) -> Snapshot:
-        command = self.privileged(probe_command(self.target, cursor))
+        """The agent's `probe` verb, on the service's python (NVML importable there)."""
         t0 = time.monotonic()
-        res = self.transport.run(command, stdin=probe_source(),
-                                 timeout=self.settings.probe_timeout_s)
-        self.probe_s.append(time.monotonic() - t0)
-        if res.exit_status != 0:
-            tail = (res.stderr.strip().splitlines() or [f"exit {res.exit_status}"])[-1]
-            raise ValueError(f"probe failed: {tail[:300]}")
-        return parse_probe(res.stdout)
+        try:
+            data = call_with(self.transport, self.privileged, "probe",
+                             probe_request(self.target, cursor),
+                             timeout=self.settings.probe_timeout_s, python=self.target.python)
+        finally:
+            self.probe_s.append(time.monotonic() - t0)
+        return Snapshot.from_dict(data)
 
     def smoke(self) -> Smoke:
         t = self.target
-        command = self.privileged(smoke.command())
-        payload = smoke.payload(t.model, t.port, t.api_key,
-                                timeout=self.settings.smoke_timeout_s)
+        timeout = self.settings.smoke_timeout_s
         try:
-            res = self.transport.run(command, stdin=payload,
-                                     timeout=self.settings.smoke_timeout_s + 30)
+            data = call_with(self.transport, self.privileged, "smoke",
+                             smoke.request(t.model, t.port, t.api_key, timeout=timeout),
+                             timeout=timeout + 30)
         except HostError as exc:
             return Smoke(ok=False, error=f"smoke did not finish: {exc.message}")
-        return smoke.parse(res.stdout, res.stderr, res.exit_status)
+        return smoke.parse(data)
 
 
 ProbeFn = Callable[[str | None], Snapshot]
@@ -362,9 +339,9 @@ def verify_target(
 
 def worst_exit(outcomes: list[Outcome]) -> int:
     """The run's exit code: bad input first, then the worst verdict (timed out > stalled >
-    crashed), then a lost host."""
+    crashed > stopped), then a lost host."""
     codes = {o.exit_code for o in outcomes}
-    for code in (2, 5, 4, 3, 1):
+    for code in (2, 5, 4, 3, 6, 1):
         if code in codes:
             return code
     return 0
