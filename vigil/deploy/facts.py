@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vigil.deploy.gpus import GpuFacts, GpuParseError, from_agent
+from vigil.deploy.weights import ModelFiles
+from vigil.deploy.weights import parse as parse_model_files
 from vigil.errors import HostError
 
 
@@ -52,6 +54,7 @@ class HostFacts:
     gpus: GpuFacts = field(default_factory=lambda: GpuFacts("none"))
     gpu_cmdlines: dict[str, str | None] = field(default_factory=dict)
     model_weights: dict[str, Any] = field(default_factory=dict)
+    model_files: ModelFiles | None = None  # safetensors headers, config, tokenizer
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
 
@@ -113,5 +116,6 @@ def parse_facts(host: str, data: dict[str, Any]) -> HostFacts:
         gpus=gpus,
         gpu_cmdlines=dict((data.get("gpus") or {}).get("cmdlines") or {}),
         model_weights=dict(model.get("weights") or {}),
+        model_files=parse_model_files(model.get("layouts")),
         raw=data,
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shlex
 
+from vigil.deploy import weights
 from vigil.deploy.facts import HostFacts
 from vigil.deploy.gpus import StaleProcess, stale_processes
 from vigil.desired.config import ModelProfile
@@ -68,6 +69,15 @@ def problems(
             f"{listed} shards listed in model.safetensors.index.json are absent ({shown})",
             fix="finish copying the weights (compare with the source's file list)",
         ))
+    if facts.model_files is not None:
+        found = weights.problems(facts.model_files, profile.extra_args)
+        if found:
+            out.append(RefusedError(
+                f"{host_name}: model directory {profile.path} would not load:\n    "
+                + "\n    ".join(found),
+                fix="copy the named files again from the source (compare sizes), "
+                    "then deploy; the running service was not touched",
+            ))
     config = facts.model_config or {}
     limit = config.get("max_position_embeddings")
     if isinstance(limit, int) and profile.max_model_len > limit:

@@ -18,6 +18,7 @@ from vigil.deploy import apply as deploy_mod
 from vigil.deploy.gpus import GIB
 from vigil.deploy.preflight import problems, stale_gpu_processes
 from vigil.deploy.runtime import findings, pip_for
+from vigil.deploy.weights import summary as weights_summary
 from vigil.desired import inventory as inventory_mod
 from vigil.desired import targets as targets_mod
 from vigil.desired.config import HostVars
@@ -143,6 +144,8 @@ def _facts_lines(t: targets_mod.Target, facts: Any) -> list[str]:
         + (f", {len(w.get('missing') or [])} of {w.get('listed')} indexed shards absent"
            if w.get("index") else ""))
     lines.append(f"model {t.profile.path}: {model}")
+    if facts.model_files is not None:
+        lines.append(f"  weights: {weights_summary(facts.model_files)}")
     owners = ", ".join(f"pid {p} {c or '?'}" for p, c in facts.port_owners) or (
         "not visible here" if facts.port_listening else "free")
     lines.append(f"port {t.vars.port}: {owners}")
