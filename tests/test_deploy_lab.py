@@ -181,7 +181,7 @@ def test_bad_input_leaves_the_host_as_it_was(
         (inventory_copy / "host_vars" / f"{HOST}.yml").write_text("max_modle_len: 10\n")
         expect = "unknown key 'max_modle_len'"
     else:
-        shutil.copytree(REPO / "templates", tmp_path / "templates")
+        shutil.copytree(REPO / "roles" / "service" / "templates", tmp_path / "templates")
         unit = tmp_path / "templates" / "vllm.service.j2"
         unit.write_text(unit.read_text().replace("{{ exec_start }}", "{{ exec_strat }}"))
         env["INVOKE_VIGIL_TEMPLATES"] = str(tmp_path / "templates")
@@ -201,7 +201,7 @@ def test_unreachable_host_times_out_naming_it(inventory_copy: Path) -> None:
     port = listener.getsockname()[1]
     (inventory_copy / "hosts.d" / "ghost.yml").write_text(
         f"hosts:\n  ghost: {{address: 127.0.0.1, ssh_port: {port}, connect_timeout_s: 2,"
-        " host_key_check: false, model: tiny-cpu, stack: lab-cpu}\n")
+        " model: tiny-cpu, stack: lab-cpu}\n")
     try:
         proc = invoke("deploy", "--hosts", "ghost",
                       env={"INVOKE_VIGIL_INVENTORY": str(inventory_copy)}, timeout=60)

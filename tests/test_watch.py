@@ -12,10 +12,8 @@ import dataclasses
 import http.server
 import json
 import shlex
-import subprocess
-import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
 
@@ -24,8 +22,9 @@ import pytest
 from tests.conftest import target_in
 from vigil.desired import targets as targets_mod
 from vigil.errors import HostError
-from vigil.transport.ssh import Held, Result
-from vigil.verify import history, reducer, replay, smoke, watch
+from vigil.transport import remote
+from vigil.transport.ssh import Held, LocalTransport, Result
+from vigil.verify import history, reducer, replay, watch
 from vigil.verify.budgets import Budgets
 from vigil.verify.snapshot import Cache, CacheDir, Smoke, Snapshot, Unit
 
@@ -37,6 +36,13 @@ def lab_trace(name: str) -> list[Snapshot]:
     kind, snaps = replay.load(TRACES / name)
     assert kind == "trace"
     return snaps
+
+
+def agent_verb(command: str) -> str | None:
+    """The agent verb a command runs (the word after the agent's source), else None."""
+    if shlex.quote(remote.agent_source()) not in command:
+        return None
+    return command.rsplit(" ", 1)[-1]
 
 
 class RecordedHost:
@@ -56,29 +62,42 @@ class RecordedHost:
     def run(self, command: str, *, stdin: str = "", timeout: float | None = None) -> Result:
         self.round_trips += 1
         self.commands.append((command, stdin))
-        if stdin == watch.probe_source():
+        verb = agent_verb(command)
+        if verb == "probe":
             if self.fail_probes:
                 self.fail_probes -= 1
                 raise HostError(self.name, "command timed out after 60 s")
             snap = self.snaps[min(self.i, len(self.snaps) - 1)]
             self.i += 1
             return Result(snap.model_copy(update={"smoke": None}).to_json() + "\n", "", 0)
-        if command == smoke.command():
+        if verb == "smoke":
             recorded = self.snaps[max(self.i - 1, 0)].smoke
             assert recorded is not None, "smoke sent where the real run sent none"
             return Result(json.dumps(recorded.model_dump()) + "\n", "", 0)
-        if "nproc" in command:
-            return Result(f"{self.cores}\n--vigil-history--\n{self.history}", "", 0)
-        if "cat >>" in command:
-            self.history += stdin
-            return Result("", "", 0)
+        if verb == "history":
+            append = json.loads(stdin)["append"]
+            if append is not None:
+                self.history += json.dumps(append) + "\n"
+            return Result(json.dumps({"cores": self.cores, "text": self.history}), "", 0)
         raise AssertionError(f"unexpected command {command[:80]}")
 
-    def hold(self, command: str, ready: Callable[[str], bool]) -> Held:
+    def hold(self, command: str) -> Held:
         raise AssertionError("the watcher holds nothing")
 
     def close(self) -> None:
         pass
+
+
+class RecordingLocal(LocalTransport):
+    """The real local transport, remembering what it sent."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.sent: list[tuple[str, str]] = []
+
+    def run(self, command: str, *, stdin: str = "", timeout: float | None = None) -> Result:
+        self.sent.append((command, stdin))
+        return super().run(command, stdin=stdin, timeout=timeout)
 
 
 class FakeClock:
@@ -98,7 +117,7 @@ class FakeClock:
 def lab_target(tmp_path: Path) -> targets_mod.Target:
     """A lab-like host (the real tiny-cpu profile and lab-cpu stack) in a tmp inventory."""
     return target_in(tmp_path, "hosts:\n  lab5: {address: 127.0.0.1, ssh_port: 2205, "
-                     "model: tiny-cpu, stack: lab-cpu, host_key_check: false}\n", "lab5")
+                     "model: tiny-cpu, stack: lab-cpu}\n", "lab5")
 
 
 # -- the loop -----------------------------------------------------------------------
@@ -115,17 +134,17 @@ def test_loop_replays_a_real_ready_start_one_round_trip_per_poll() -> None:
                         sleep=clock.sleep)
     assert state.verdict == "ready"
     assert state.verdict == replay.replay(snaps)["verdict"]
-    smokes = [c for c, _ in host.commands if c == smoke.command()]
+    smokes = [c for c, _ in host.commands if agent_verb(c) == "smoke"]
     # One probe per poll, plus exactly one smoke: on the first poll with /health 200.
     assert len(smokes) == 1
     assert host.round_trips == state.polls + 1
     # Each probe after the first carries the cursor the previous snapshot returned.
-    probes = [c for c, s in host.commands if s == watch.probe_source()]
-    assert "--cursor" not in probes[0]
+    probes = [json.loads(s) for c, s in host.commands if agent_verb(c) == "probe"]
+    assert probes[0]["cursor"] is None
     last = None
-    for prev, cmd in zip(snaps, probes[1:], strict=False):
+    for prev, req in zip(snaps, probes[1:], strict=False):
         last = prev.journal.cursor or last
-        assert last is not None and f"--cursor {shlex.quote(last)}" in cmd
+        assert last is not None and req["cursor"] == last
     # A fake clock that never moves during a probe: every sleep is the full poll.
     assert clock.sleeps and all(s == 5.0 for s in clock.sleeps)
 
@@ -138,7 +157,7 @@ def test_loop_stops_at_a_real_crash_and_never_sends_a_completion() -> None:
     poller = watch.Poller(host, target)
     state = watch.watch(poller.probe, poller.smoke, Budgets(), clock=clock, sleep=clock.sleep)
     assert state.verdict == "crashed"
-    assert not any(c == smoke.command() for c, _ in host.commands)
+    assert not any(agent_verb(c) == "smoke" for c, _ in host.commands)
     assert host.i == state.polls <= len(snaps)
 
 
@@ -160,24 +179,24 @@ def test_one_failed_probe_is_retried() -> None:
     assert state.verdict == "ready"
 
 
-def test_probe_command_quotes_the_cursor_and_prefers_the_service_python() -> None:
+def test_probe_request_carries_the_cursor_on_stdin_and_prefers_the_service_python() -> None:
     t = watch.ProbeTarget("vllm", 8000, "vllm", "/var/cache/vigil/vllm",
-                          "/opt/vigil/envs/current/bin/python", "tiny")
-    cmd = watch.probe_command(t, "s=abc;i=1 $(reboot)")
-    assert "'s=abc;i=1 $(reboot)'" in cmd
-    assert cmd.startswith("P=/opt/vigil/envs/current/bin/python;")
-    assert "--cache-dir /var/cache/vigil/vllm --cache-dir /tmp/torchinductor_vllm" in cmd
-    assert "--unit vllm.service" in cmd
+                          "/opt/vigil/envs/current/bin/python", "tiny", api_key="sk-1")
+    req = watch.probe_request(t, "s=abc;i=1 $(reboot)")
+    assert req["cursor"] == "s=abc;i=1 $(reboot)" and req["unit"] == "vllm.service"
+    assert req["cache_dirs"] == ["/var/cache/vigil/vllm", "/tmp/torchinductor_vllm"]
+    cmd = remote.agent_command("probe", t.python)
+    assert cmd.startswith("P=/opt/vigil/envs/current/bin/python;") and "sk-1" not in cmd
 
 
 def test_the_real_probe_runs_through_the_command_line(tmp_path: Path) -> None:
-    """The command the watcher sends, run by bash with the probe on stdin, prints a
-    snapshot the parser accepts (no unit here: systemctl answers with an error part)."""
-    t = watch.ProbeTarget("vigil-no-such-unit", 1, "nobody", str(tmp_path), sys.executable, "m")
-    out = subprocess.run(["bash", "-c", watch.probe_command(t, None)],
-                         input=watch.probe_source(), capture_output=True, text=True,
-                         timeout=60, check=True)
-    snap = watch.parse_probe(out.stdout)
+    """The command the watcher sends, run by bash with the request on stdin, prints a
+    snapshot the parser accepts (no unit here: systemctl answers with an error part);
+    a service python that is not there falls back to python3."""
+    t = watch.ProbeTarget("vigil-no-such-unit", 1, "nobody", str(tmp_path),
+                          str(tmp_path / "no-env" / "python"), "m")
+    snap = watch.Poller(LocalTransport("here"), t).probe(None)
+    assert snap.unit is not None and snap.unit.error
     assert snap.cache is not None and snap.cache.dirs[0].path == str(tmp_path)
 
 
@@ -331,10 +350,14 @@ def sse_port() -> Iterator[int]:
 
 
 def _run_smoke(port: int, api_key: str | None) -> tuple[Smoke, str]:
-    payload = smoke.payload("tiny", port, api_key, timeout=10)
-    res = subprocess.run(["bash", "-c", smoke.command()], input=payload, capture_output=True,
-                         text=True, timeout=60)
-    return smoke.parse(res.stdout, res.stderr, res.returncode), payload
+    """The watcher's smoke round trip, run for real by bash through a local transport."""
+    host = RecordingLocal("here")
+    t = watch.ProbeTarget("vllm", port, "vllm", "/c", "/no/python", "tiny", api_key=api_key)
+    result = watch.Poller(host, t, settings=watch.Settings(smoke_timeout_s=10)).smoke()
+    command, payload = host.sent[-1]
+    assert agent_verb(command) == "smoke"
+    assert api_key is None or api_key not in command
+    return result, payload
 
 
 def test_smoke_streams_counts_usage_tokens_and_sends_the_key_on_stdin(sse_port: int) -> None:
@@ -344,7 +367,7 @@ def test_smoke_streams_counts_usage_tokens_and_sends_the_key_on_stdin(sse_port: 
     headers, body = _SSE.seen[0]
     assert headers["Authorization"] == "Bearer sk-secret"
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
-    assert "sk-secret" not in smoke.command() and "sk-secret" in payload
+    assert "sk-secret" in payload
 
 
 def test_smoke_failure_is_not_ok(sse_port: int) -> None:
@@ -359,8 +382,14 @@ def test_smoke_against_a_closed_port_is_not_ok() -> None:
     assert not result.ok and result.error
 
 
-def test_smoke_parse_of_a_dead_snippet() -> None:
-    s = smoke.parse("", "Traceback...\nKeyError: 'port'", 1)
+def test_a_smoke_that_dies_on_the_host_is_not_ok() -> None:
+    class Dead(RecordingLocal):
+        def run(self, command: str, *, stdin: str = "", timeout: float | None = None
+                ) -> Result:
+            return Result("", "Traceback...\nKeyError: 'port'", 1)
+
+    t = watch.ProbeTarget("vllm", 1, "vllm", "/c", "/no/python", "tiny")
+    s = watch.Poller(Dead("here"), t).smoke()
     assert not s.ok and s.error is not None and "KeyError" in s.error
 
 
@@ -377,7 +406,7 @@ def test_api_key_travels_on_stdin_only(tmp_path: Path,
                               clock=clock, sleep=clock.sleep)
     assert out.verdict == "ready"
     assert not any("sk-live-1" in c for c, _ in host.commands)
-    assert any("sk-live-1" in s for c, s in host.commands if c == smoke.command())
+    assert any("sk-live-1" in s for c, s in host.commands if agent_verb(c) == "smoke")
 
 
 # -- replayed lab traces: real starts as regression tests -----------------------------
@@ -429,7 +458,7 @@ def test_sigstop_trace_shows_the_frozen_worker_and_a_flat_cache() -> None:
 def test_first_poll_skips_the_previous_runs_lines() -> None:
     """A restart puts the old run's shutdown (EngineDeadError…) in the same second as the
     new start; the probe's first poll keeps only this run's lines."""
-    from vigil.host import probe
+    from vigil.host import agent as probe
 
     start_us = 1_795_949_052_500_000
     old = {"__REALTIME_TIMESTAMP": str(start_us - 200_000), "_SYSTEMD_INVOCATION_ID": "a1"}

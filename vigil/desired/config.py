@@ -85,6 +85,33 @@ class HostVars(Strict):
         default_factory=dict, description="model profile fields overridden for this host"
     )
     serve_timeout_s: float = Field(1800.0, gt=0)
+    # Roles (roles/<name>/) this host takes; their defaults.yml hold the values below.
+    roles: list[str] = Field(
+        default_factory=lambda: ["preflight", "runtime", "service", "verify"]
+    )
+    # runtime role
+    keep_envs: int = Field(3, ge=0, description="old environments kept besides the live ones")
+    installer: Literal["auto", "uv", "pip"] = "auto"
+    min_free_gib: float = Field(10.0, ge=0, description="free disk an install needs")
+    # service role: unit settings
+    restart_sec: int = Field(30, ge=0)
+    start_limit_interval_s: int = Field(1800, ge=0)
+    start_limit_burst: int = Field(3, ge=1)
+    timeout_stop_s: int = Field(90, ge=1)
+    limit_nofile: int = Field(1048576, ge=1024)
+    # verify role: poll interval; per-phase budget and stall window with no history,
+    # by phase name (over the phase catalog's own defaults)
+    poll_s: float = Field(5.0, gt=0, le=300)
+    phase_budget_s: dict[str, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
+    stall_window_s: dict[str, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
+    # preflight role: GPU health a deploy refuses (vigil.deploy.gpucheck)
+    gpu_refuse_ecc_uncorrected: bool = True
+    gpu_refuse_pending_retirement: bool = True  # retired pages or row remaps pending
+    gpu_refuse_mig: bool = True
+    gpu_require_persistence: bool = False
+    gpu_refuse_xids: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=lambda: [48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140])
+    gpu_xid_window_h: float = Field(24.0, gt=0, le=168)
 
     @field_validator("service")
     @classmethod
@@ -277,6 +304,29 @@ class Stack(Strict):
     # Rules change what is verified, not what is installed: kept out of model_dump so
     # they do not change the stack's content hash (and with it the environment directory).
     rules: Stack.Rules = Field(default_factory=lambda: Stack.Rules(), exclude=True)
+    # Modules a new environment must import before it may become `current` (each in its
+    # own interpreter, so one failure does not hide the next); verified, not installed.
+    verify_imports: list[str] = Field(
+        default_factory=lambda: ["vllm"], min_length=1, exclude=True,
+        description="e.g. [vllm, flashinfer]: flashinfer checks its package pair at import")
+    # What the builds need of the host, checked in preflight (vigil.deploy.gpucheck);
+    # verified, not installed, so also out of the content hash.
+    cuda: SafeText | None = Field(None, pattern=r"^\d+\.\d+$", exclude=True,
+                                  description="CUDA release of the pinned builds, e.g. '12.9'")
+    gpu_archs: dict[str, list[str]] = Field(
+        default_factory=dict, exclude=True,
+        description="package -> GPU architectures its build carries: sm_90, sm_120, "
+                    "compute_90 (PTX)")
+
+    @field_validator("gpu_archs")
+    @classmethod
+    def _archs(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        for name, archs in v.items():
+            for arch in archs:
+                if not re.fullmatch(r"(sm|compute)_\d{2,3}[af]?", arch):
+                    raise ValueError(f"{name}: {arch!r} is not an architecture "
+                                     "(write e.g. sm_90, sm_120, compute_90)")
+        return v
 
     @field_validator("packages")
     @classmethod
@@ -302,11 +352,23 @@ class Stack(Strict):
                 raise ValueError(f"{name!r} is not a package name")
         return v
 
+    @field_validator("verify_imports")
+    @classmethod
+    def _modules(cls, v: list[str]) -> list[str]:
+        # Each name becomes `import NAME` on the host: a dotted identifier, nothing else.
+        for name in v:
+            if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", name):
+                raise ValueError(f"{name!r} is not a module name (write e.g. flashinfer)")
+        return v
+
     @model_validator(mode="after")
     def _consistent(self) -> Stack:
         # A stack whose own pins break its rules could never pass verification.
         from vigil.desired.stacks import check_rules
 
+        unknown = sorted(set(self.gpu_archs) - set(self.packages))
+        if unknown:
+            raise ValueError(f"gpu_archs names {unknown[0]!r}, which the stack does not pin")
         broken = check_rules(self, self.packages, missing_ok=True)
         if broken:
             f = broken[0]

@@ -10,10 +10,11 @@ Layout (paths relative to the inventory directory)::
     models/<name>.yml      model profiles
     stacks/<name>.yml      pinned runtimes
 
-Merge order, lowest first: all < group (in the order groups are declared) < host
-file < inline host vars < ``--set`` flags. Dicts merge key by key; everything else
-replaces. Relative paths in ``ssh_key`` and ``known_hosts`` resolve against the
-inventory directory so an inventory works from any working directory.
+Merge order, lowest first: role defaults (``roles/<name>/defaults.yml``) < all < group
+(in the order groups are declared) < host file < inline host vars < ``--set`` flags.
+Dicts merge key by key; everything else replaces. Relative paths in ``ssh_key`` and
+``known_hosts`` resolve against the inventory directory so an inventory works from any
+working directory.
 """
 
 from __future__ import annotations
@@ -22,65 +23,14 @@ import difflib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import yaml
-from pydantic import BaseModel, ValidationError
-
+from vigil.desired import roles as roles_mod
 from vigil.desired.config import HostsFile, HostVars, ModelProfile, Stack
+from vigil.desired.yamlfile import M, parse_model, read_yaml, validation_error
 from vigil.errors import ConfigError
 
-M = TypeVar("M", bound=BaseModel)
-
-
-def read_yaml(path: Path) -> Any:
-    """Parse one YAML file; a syntax error names the file, line and column."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(
-            f"{where}invalid YAML ({problem})", file=str(path), fix="correct the YAML syntax"
-        ) from None
-
-
-def validation_error(exc: ValidationError, file: str) -> ConfigError:
-    """Turn pydantic's report into one message naming file, key and expectation."""
-    lines: list[str] = []
-    first_key: str | None = None
-    for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"])
-        first_key = first_key or key
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "extra_forbidden":
-            msg = "unknown key (a typo?)"
-        elif err["type"] == "missing":
-            msg = "required key is missing"
-        value = err.get("input")
-        quiet = err["type"] in ("missing", "extra_forbidden", "value_error") or not key
-        shown = "" if quiet else f" (got {value!r})"
-        lines.append(f"{key}: {msg}{shown}" if key else f"{msg}{shown}")
-    message = lines[0] if len(lines) == 1 else "\n    " + "\n    ".join(lines)
-    return ConfigError(message, file=file)
-
-
-def parse_model(model: type[M], data: object, file: str, **extra: object) -> M:
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"expected a mapping of keys, got {type(data).__name__}", file=file
-        )
-    try:
-        return model.model_validate({**data, **extra})
-    except ValidationError as exc:
-        raise validation_error(exc, file) from None
+__all__ = ["Inventory", "Resolved", "load", "parse_model", "read_yaml", "validation_error"]
 
 
 def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
@@ -94,12 +44,26 @@ def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class Resolved:
+    vars: HostVars
+    role_vars: dict[str, Any]  # variables of user roles, by name
+    user_roles: tuple[roles_mod.Role, ...]  # in the order the host lists them
+    origin: dict[str, str]  # variable -> the file (or flag) its value came from
+
+    def shown(self) -> list[tuple[str, object, str]]:
+        """(variable, value, origin) for every variable, for `invoke render`."""
+        values = {**self.vars.model_dump(), **self.role_vars}
+        return [(k, values[k], self.origin.get(k, "vigil default")) for k in sorted(values)]
+
+
+@dataclass(frozen=True)
 class Inventory:
     root: Path
     hosts: dict[str, dict[str, Any]]  # inline vars per host
     groups: dict[str, list[str]]  # group -> hosts, declaration order
     group_vars: dict[str, dict[str, Any]] = field(default_factory=dict)
     host_files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    roles: dict[str, roles_mod.Role] = field(default_factory=dict)  # roles/<name>/
 
     # -- selection -----------------------------------------------------------
     def select(self, pattern: str) -> list[str]:
@@ -131,17 +95,58 @@ class Inventory:
 
     # -- variables ------------------------------------------------------------
     def host_vars(self, host: str, flags: dict[str, Any] | None = None) -> HostVars:
-        merged: dict[str, Any] = dict(self.group_vars.get("all", {}))
-        for group in self.groups_of(host):
-            merged = _merge(merged, self.group_vars.get(group, {}))
-        merged = _merge(merged, self.host_files.get(host, {}))
-        merged = _merge(merged, self.hosts[host])
-        merged = _merge(merged, flags or {})
+        return self.resolve(host, flags).vars
+
+    def layers(self, host: str, flags: dict[str, Any] | None = None,
+               ) -> list[tuple[str, dict[str, Any]]]:
+        """The host's variable sources, lowest precedence first, without role defaults."""
+        out = [("group_vars/all", self.group_vars.get("all", {}))]
+        out += [(f"group {g}", self.group_vars.get(g, {})) for g in self.groups_of(host)]
+        out += [(f"host_vars/{host}.yml", self.host_files.get(host, {})),
+                (f"hosts: {host}", self.hosts[host]), ("--set", flags or {})]
+        return [(where, data) for where, data in out if data]
+
+    def resolve(self, host: str, flags: dict[str, Any] | None = None) -> Resolved:
+        """The host's variables with where each came from: role defaults < group_vars/all
+        < group < host < --set. Variables of user roles are kept apart from HostVars."""
+        layers = self.layers(host, flags)
+        merged: dict[str, Any] = {}
+        for _, data in layers:
+            merged = _merge(merged, data)
+        chosen: tuple[str, ...] = ()
+        if self.roles:
+            chosen = roles_mod.selected(merged.get("roles", list(roles_mod.BUILTIN)),
+                                        self.roles, f"variables of host {host}")
+            used = [*roles_mod.BUILTIN, *(n for n in chosen if n not in roles_mod.BUILTIN)]
+            layers = [(f"roles/{n}/defaults.yml", dict(self.roles[n].defaults))
+                      for n in used] + layers
+        origin: dict[str, str] = {}
+        merged = {}
+        for where, data in layers:
+            for key in data:
+                origin[key] = where
+            merged = _merge(merged, data)
+        if merged.get("host_key") == "accept-new" and not merged.get("known_hosts"):
+            # trust on first use writes to the inventory's own file, never ~/.ssh
+            merged["known_hosts"] = "known_hosts"
         for key in ("ssh_key", "known_hosts"):
             value = merged.get(key)
             if isinstance(value, str) and value and not value.startswith(("/", "~")):
                 merged[key] = str(self.root / value)
-        return parse_model(HostVars, merged, f"variables of host {host}")
+        role_vars: dict[str, Any] = {}
+        for name, role in self.roles.items():
+            for key, default in role.defaults.items():
+                if name in roles_mod.BUILTIN or key not in merged:
+                    continue
+                roles_mod.check_value(key, merged[key], default, origin[key])
+                role_vars[key] = merged.pop(key)
+        hv = parse_model(HostVars, merged, f"variables of host {host}")
+        user_roles = tuple(self.roles[n] for n in chosen if n not in roles_mod.BUILTIN)
+        return Resolved(hv, role_vars, user_roles, origin)
+
+    def role_keys(self) -> set[str]:
+        """Variables the user roles define (accepted in host/group files and --set)."""
+        return {k for r in self.roles.values() if not r.builtin for k in r.defaults}
 
     # -- profiles and stacks --------------------------------------------------
     def _named(self, kind: str, model: type[M], name: str) -> M:
@@ -177,8 +182,9 @@ class Inventory:
         return self._named("stacks", Stack, name)
 
 
-def load(root: str | os.PathLike[str]) -> Inventory:
-    """Read and validate an inventory directory (no host is contacted)."""
+def load(root: str | os.PathLike[str],
+         roles_dir: str | os.PathLike[str] = roles_mod.ROLES_DIR) -> Inventory:
+    """Read and validate an inventory directory and the roles (no host is contacted)."""
     base = Path(root)
     hosts_file = base / "hosts.yml"
     if not hosts_file.is_file():
@@ -234,14 +240,16 @@ def load(root: str | os.PathLike[str]) -> Inventory:
                 fix=f"declare host {path.stem!r} in hosts.yml or rename the file",
             )
         host_files[path.stem] = _as_vars(read_yaml(path), path)
-    inv = Inventory(base, hosts, groups, file_group_vars, host_files)
+    inv = Inventory(base, hosts, groups, file_group_vars, host_files,
+                    roles_mod.load_all(Path(roles_dir)))
     # Validate every file's keys now so a typo anywhere fails before any host is touched.
+    extra = inv.role_keys()
     for gname, gvars in file_group_vars.items():
-        _check_keys(gvars, f"{base / 'group_vars' / gname}.yml")
+        _check_keys(gvars, f"{base / 'group_vars' / gname}.yml", extra)
     for hname, hvars in host_files.items():
-        _check_keys(hvars, f"{base / 'host_vars' / hname}.yml")
+        _check_keys(hvars, f"{base / 'host_vars' / hname}.yml", extra)
     for hname, inline in hosts.items():
-        _check_keys(inline, f"{hosts_file}: hosts.{hname}")
+        _check_keys(inline, f"{hosts_file}: hosts.{hname}", extra)
     return inv
 
 
@@ -254,12 +262,13 @@ def _as_vars(data: Any, path: Path) -> dict[str, Any]:
     return data
 
 
-def _check_keys(data: dict[str, Any], where: str) -> None:
-    unknown = sorted(set(data) - set(HostVars.model_fields))
+def _check_keys(data: dict[str, Any], where: str, extra: set[str] | None = None) -> None:
+    known = set(HostVars.model_fields) | (extra or set())
+    unknown = sorted(set(data) - known)
     if unknown:
-        close = difflib.get_close_matches(unknown[0], HostVars.model_fields, n=1)
+        close = difflib.get_close_matches(unknown[0], known, n=1)
         raise ConfigError(
             f"unknown key {unknown[0]!r}" + (f" - did you mean {close[0]!r}?" if close else ""),
             file=where,
-            fix="known keys: " + ", ".join(sorted(HostVars.model_fields)),
+            fix="known keys: " + ", ".join(sorted(known)),
         )

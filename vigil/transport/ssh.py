@@ -2,23 +2,29 @@
 
 A transport runs one shell command per call with optional stdin, counts round trips
 (the deploy benchmark reports them) and can hold the host's deploy lock for as long as
-a context is open. Host keys are checked against the user's known_hosts (plus the
-inventory's ``known_hosts`` file) unless the inventory opts out with
-``host_key_check: false``.
+a context is open. Host keys are checked the way ``ssh`` checks them: against every
+known_hosts file ssh reads (UserKnownHostsFile and GlobalKnownHostsFile of the user's
+ssh config, else ~/.ssh/known_hosts and /etc/ssh/ssh_known_hosts) plus the inventory's
+``known_hosts``; or against fingerprints pinned in the inventory. ``host_key:
+accept-new`` trusts an unknown host once, writes its key to the inventory's known_hosts
+and says so; a changed key is refused in every mode.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import select
 import shlex
 import subprocess
+import sys
+import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 import paramiko
 
@@ -149,8 +155,112 @@ class _SSHHeld:
         self.channel.close()
 
 
+def known_hosts_files(ssh_config: Mapping[str, Any], home: Path) -> list[Path]:
+    """The files ssh reads host keys from, in its order: UserKnownHostsFile then
+    GlobalKnownHostsFile of the user's ssh config, or their defaults."""
+    files: list[Path] = []
+    for key, default in (
+        ("userknownhostsfile", "~/.ssh/known_hosts ~/.ssh/known_hosts2"),
+        ("globalknownhostsfile", "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"),
+    ):
+        value = ssh_config.get(key, default)
+        words = value if isinstance(value, list) else shlex.split(str(value))
+        for word in words:
+            if word.lower() == "none":
+                continue
+            word = word.replace("%d", str(home)).replace("%%", "%")
+            path = home / word[2:] if word.startswith("~/") else Path(word)
+            if path not in files:
+                files.append(path)
+    return files
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """As ``ssh-keygen -l`` prints it: SHA256:<base64 without padding>."""
+    return str(key.fingerprint)
+
+
+class _KeyRefused(paramiko.SSHException):
+    def __init__(self, key: paramiko.PKey, why: str) -> None:
+        super().__init__(why)
+        self.key = key
+        self.why = why
+
+
+class _Strict(paramiko.MissingHostKeyPolicy):
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
+                         key: paramiko.PKey) -> None:
+        raise _KeyRefused(key, "unknown")
+
+
+class _Pinned(paramiko.MissingHostKeyPolicy):
+    # With pins no known_hosts file is loaded, so every key comes here.
+    def __init__(self, pins: list[str]) -> None:
+        self.pins = pins
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
+                         key: paramiko.PKey) -> None:
+        if fingerprint(key) not in self.pins:
+            raise _KeyRefused(key, "not pinned")
+
+
+_WRITE_LOCK = threading.Lock()  # hosts connect from parallel threads
+
+
+class _AcceptNew(paramiko.MissingHostKeyPolicy):
+    """Trust on first use: only a host with no key in any file gets here (a changed key
+    is refused before), and its key is appended to the inventory's known_hosts."""
+
+    def __init__(self, path: Path, note: Callable[[str], None]) -> None:
+        self.path = path
+        self.note = note
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
+                         key: paramiko.PKey) -> None:
+        line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
+        with _WRITE_LOCK, open(self.path, "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            fh.write(line)
+        self.note(
+            f"WARNING: host key of {hostname} was unknown; trusted on first use "
+            f"(host_key: accept-new): {key.get_name()} {fingerprint(key)} added to "
+            f"{self.path}. Verify it out of band; a different key later is refused."
+        )
+
+
+def load_known_hosts(text: str, keys: paramiko.HostKeys) -> set[str]:
+    """Add the entries of one known_hosts file to ``keys``; return its @revoked keys.
+
+    Lines paramiko cannot read (a corrupt key, @cert-authority) are skipped, as ssh
+    skips them: such a host stays unknown, never trusted."""
+    revoked: set[str] = set()
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("@"):
+            fields = line.split()
+            if fields[0] == "@revoked" and len(fields) >= 4:
+                revoked.add(fields[3])
+            continue
+        try:
+            entry = paramiko.hostkeys.HostKeyEntry.from_line(line)
+        except (paramiko.SSHException, paramiko.hostkeys.InvalidHostKey, ValueError):
+            continue
+        if entry is not None and entry.key is not None:
+            for name in entry.hostnames:
+                keys.add(name, entry.key.get_name(), entry.key)
+    return revoked
+
+
+def _stderr_note(message: str) -> None:
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+
+
 class SSHTransport:
-    def __init__(self, name: str, host: HostVars) -> None:
+    def __init__(self, name: str, host: HostVars,
+                 note: Callable[[str], None] | None = None) -> None:
         from fabric import Connection
 
         self.name = name
@@ -164,45 +274,101 @@ class SSHTransport:
             host.address,
             user=host.ssh_user,
             port=host.ssh_port,
-            connect_timeout=host.connect_timeout_s,
             connect_kwargs=connect_kwargs,
         )
+        # Fabric truncates a connect timeout to int (0.5 s -> 0 = none at all).
+        self.conn.connect_timeout = host.connect_timeout_s
         client = self.conn.client
-        if host.host_key_check:
-            client.set_missing_host_key_policy(paramiko.RejectPolicy())
-            if host.known_hosts:
-                path = Path(host.known_hosts).expanduser()
-                if not path.is_file():
-                    raise UnreachableError(
-                        name, f"known_hosts file {path} does not exist",
-                        fix="create it (ssh-keyscan) or fix known_hosts in the inventory",
-                    )
-                client.load_host_keys(str(path))
+        self.key_files: list[Path] = []
+        self.revoked: set[str] = set()
+        if host.host_key_fingerprints:
+            client.set_missing_host_key_policy(_Pinned(host.host_key_fingerprints))
+            return
+        inventory_file: Path | None = None
+        if host.known_hosts:
+            inventory_file = Path(host.known_hosts).expanduser()
+            if host.host_key == "accept-new" and not inventory_file.exists():
+                inventory_file.parent.mkdir(parents=True, exist_ok=True)
+                inventory_file.touch(mode=0o644)
+            if not inventory_file.is_file():
+                raise UnreachableError(
+                    name, f"known_hosts file {inventory_file} does not exist",
+                    fix="create it (ssh-keyscan) or fix known_hosts in the inventory",
+                )
+        files = known_hosts_files(self.conn.ssh_config, Path.home())
+        if inventory_file is not None:
+            files.append(inventory_file)
+        for path in files:
+            # All files merge into one set, as ssh reads them all; unreadable ones are
+            # skipped, as ssh skips them.
+            try:
+                text = path.read_text(errors="replace")
+            except OSError:
+                continue
+            self.key_files.append(path)
+            self.revoked |= load_known_hosts(text, client.get_host_keys())
+        if host.host_key == "accept-new":
+            assert inventory_file is not None  # the inventory defaults it
+            client.set_missing_host_key_policy(_AcceptNew(inventory_file,
+                                                          note or _stderr_note))
         else:
-            client.set_missing_host_key_policy(paramiko.AutoAddPolicy())
+            client.set_missing_host_key_policy(_Strict())
 
     def _where(self) -> str:
         return f"{self.host.ssh_user}@{self.host.address}:{self.host.ssh_port}"
+
+    def _key_name(self) -> str:
+        host = str(self.conn.host)
+        return host if self.host.ssh_port == 22 else f"[{host}]:{self.host.ssh_port}"
+
+    def _searched(self) -> str:
+        return ", ".join(str(p) for p in self.key_files) or "no readable known_hosts file"
+
+    def _check_revoked(self) -> None:
+        key = self._transport().get_remote_server_key()
+        if key.get_base64() in self.revoked:
+            raise _KeyRefused(key, "revoked")
 
     def _connect(self) -> paramiko.Transport:
         if self.conn.is_connected:
             return self._transport()
         try:
             self.conn.open()
-        except paramiko.BadHostKeyException:
+            self._check_revoked()
+        except paramiko.BadHostKeyException as exc:
             raise UnreachableError(
-                self.name, f"host key of {self._where()} does NOT match known_hosts",
+                self.name, f"host key of {self._where()} does NOT match known_hosts: it "
+                f"offers {exc.key.get_name()} {fingerprint(exc.key)}, "
+                f"{self._searched()} say {fingerprint(exc.expected_key)}",
                 fix="verify the host's identity; if it was reinstalled, remove the old key "
-                "with ssh-keygen -R",
+                f"with ssh-keygen -R '{self._key_name()}' -f <file>",
+            ) from None
+        except _KeyRefused as exc:
+            self.conn.close()
+            seen = f"{exc.key.get_name()} {fingerprint(exc.key)}"
+            if exc.why == "not pinned":
+                raise UnreachableError(
+                    self.name, f"host key of {self._where()} ({seen}) is not one of "
+                    f"host_key_fingerprints {', '.join(self.host.host_key_fingerprints)}",
+                    fix="verify the host's identity; if its key really changed, pin the new "
+                    "fingerprint (ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub on the host)",
+                ) from None
+            if exc.why == "revoked":
+                raise UnreachableError(
+                    self.name, f"host key of {self._where()} ({seen}) is marked @revoked "
+                    f"in {self._searched()}",
+                    fix="the host must get a new key; never trust a revoked one",
+                ) from None
+            raise UnreachableError(
+                self.name, f"host key of {self._where()} ({seen}) is unknown: in none of "
+                f"{self._searched()}",
+                fix=f"after verifying it: ssh-keyscan -p {self.host.ssh_port} "
+                f"{self.host.address} >> ~/.ssh/known_hosts; or pin it with "
+                f"host_key_fingerprints: [{fingerprint(exc.key)}]; or trust on first use "
+                "with host_key: accept-new",
             ) from None
         except paramiko.SSHException as exc:
             text = str(exc)
-            if "not found in known_hosts" in text:
-                raise UnreachableError(
-                    self.name, f"host key of {self._where()} is unknown",
-                    fix=f"add it: ssh-keyscan -p {self.host.ssh_port} {self.host.address} "
-                    ">> ~/.ssh/known_hosts (after verifying it), or set known_hosts",
-                ) from None
             # A banner timeout kills paramiko's transport thread; the client then only
             # reports "No existing session".
             if "banner" in text.lower() or "no existing session" in text.lower():
