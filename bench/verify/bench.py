@@ -29,6 +29,7 @@ from typing import Any
 from lab import hosts as lab
 from vigil.desired import inventory
 from vigil.desired import targets as targets_mod
+from vigil.transport import remote
 from vigil.transport.ssh import connect
 from vigil.verify import reducer, watch
 from vigil.verify.budgets import Budgets
@@ -145,12 +146,14 @@ def probe_cost(host: str, runs: int = 20) -> dict[str, Any]:
     cursor = None
     try:
         for _ in range(runs):
-            cmd = ("TIMEFORMAT='%R %U %S'; { time ( " + watch.probe_command(target, cursor)
+            cmd = ("TIMEFORMAT='%R %U %S'; { time ( "
+                   + remote.agent_command("probe", target.python)
                    + " ) ; } 2>/tmp/vigil-probe-time; cat /tmp/vigil-probe-time >&2")
             t0 = time.monotonic()
-            res = transport.run(cmd, stdin=watch.probe_source(), timeout=60)
+            res = transport.run(cmd, stdin=json.dumps(watch.probe_request(target, cursor)),
+                                timeout=60)
             rts.append(time.monotonic() - t0)
-            snap = watch.parse_probe(res.stdout)
+            snap = Snapshot.from_json(res.stdout)
             cursor = snap.journal.cursor or cursor
             real, user, sys_ = (float(x) for x in res.stderr.split()[-3:])
             walls.append(real)

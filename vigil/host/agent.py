@@ -7,7 +7,10 @@ plan (one applier per action kind, ``APPLIERS``), ``rollback`` restores the last
 Python 3.8+ on purpose: it runs on the host's own python3.
 """
 
+from __future__ import annotations
+
 import contextlib
+import grp
 import json
 import os
 import pwd
@@ -42,24 +45,47 @@ def read_text(path: str) -> Any:
         return {"error": "permission denied"}
 
 
+# -- shared helpers: one of each, used by every verb ------------------------------------
+
+SERVICE_PROPS = ("LoadState,ActiveState,SubState,MainPID,NRestarts,UnitFileState,"
+                 "ExecMainStatus,ExecMainStartTimestampMonotonic,"
+                 "ActiveEnterTimestampMonotonic,ControlGroup,InvocationID")
+CMD_TIMEOUT = 10.0
+
+
+def _err(exc: BaseException) -> str:
+    return "%s: %s" % (type(exc).__name__, exc)
+
+
+def _int(text: Any, default: int = 0) -> int:
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return default
+
+
 def systemctl_show(unit: str) -> Dict[str, str]:
-    props = "LoadState,ActiveState,SubState,MainPID,NRestarts,UnitFileState,ExecMainStatus"
-    proc = subprocess.run(
-        ["systemctl", "show", unit, "-p", props], capture_output=True, text=True
-    )
+    """Every unit property a verb reads, in one `systemctl show`; `error` when it failed."""
+    try:
+        proc = subprocess.run(["systemctl", "show", unit, "-p", SERVICE_PROPS],
+                              capture_output=True, text=True, timeout=CMD_TIMEOUT)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"error": _err(exc)}
     out: Dict[str, str] = {}
     for line in proc.stdout.splitlines():
         key, _, value = line.partition("=")
         out[key] = value
     if proc.returncode != 0:
-        out["error"] = proc.stderr.strip()
+        out["error"] = proc.stderr.strip()[:300] or "systemctl exit %d" % proc.returncode
     return out
 
 
 def http(
     port: int, path: str, body: Optional[Json] = None,
-    headers: Optional[Dict[str, str]] = None, timeout: float = 3.0,
+    headers: Optional[Dict[str, str]] = None, timeout: float = 3.0, limit: int = 4000,
 ) -> Json:
+    """One request to the service on 127.0.0.1: {status, body, seconds}; status None and an
+    error when nothing answered (refused, timeout, reset all mean "not serving")."""
     url = "http://127.0.0.1:%d%s" % (port, path)
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, headers=headers or {})
@@ -68,14 +94,154 @@ def http(
     started = time.monotonic()
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            text = resp.read().decode("utf-8", "replace")
-            return {"status": resp.status, "body": text[:4000],
+            text = resp.read(limit).decode("utf-8", "replace")
+            return {"status": resp.status, "body": text, "error": None,
                     "seconds": time.monotonic() - started}
     except urllib.error.HTTPError as exc:
-        text = exc.read().decode("utf-8", "replace")
-        return {"status": exc.code, "body": text[:4000], "seconds": time.monotonic() - started}
+        text = exc.read(limit).decode("utf-8", "replace")
+        return {"status": exc.code, "body": text, "error": None,
+                "seconds": time.monotonic() - started}
     except Exception as exc:  # refused, timeout, reset: all mean "not serving"
-        return {"status": None, "error": "%s: %s" % (type(exc).__name__, exc)}
+        return {"status": None, "body": None, "error": str(getattr(exc, "reason", exc))}
+
+
+def get_health(port: int) -> Json:
+    """GET /health: vLLM answers 200 once it serves."""
+    return http(port, "/health", timeout=2.0)
+
+
+def bearer(api_key: Optional[str]) -> Dict[str, str]:
+    return {"Authorization": "Bearer " + api_key} if api_key else {}
+
+
+def _stat_fields(pid: int) -> Optional[List[str]]:
+    """/proc/PID/stat after the command name (which may hold spaces and parens)."""
+    stat = read_text("/proc/%d/stat" % pid)
+    if not isinstance(stat, str):
+        return None
+    return stat[stat.rfind(")") + 2:].split()
+
+
+def tree_pids(root: int) -> List[int]:
+    """root and all its descendants, from /proc (ppid links)."""
+    children: Dict[int, List[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            fields = _stat_fields(int(name))
+            if fields and len(fields) > 1:
+                children.setdefault(_int(fields[1]), []).append(int(name))
+    out: List[int] = []
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        if pid in out:
+            continue
+        out.append(pid)
+        todo.extend(children.get(pid, []))
+    return sorted(out)
+
+
+def cgroup_pids(control_group: str) -> Optional[List[int]]:
+    """Every PID in the unit's cgroup and its sub-cgroups (v2, then v1's systemd tree)."""
+    if not control_group:
+        return None
+    for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified"):
+        base = root + control_group
+        if not os.path.isfile(os.path.join(base, "cgroup.procs")):
+            continue
+        pids: List[int] = []
+        for dirpath, _dirs, files in os.walk(base):
+            if "cgroup.procs" in files:
+                text = read_text(os.path.join(dirpath, "cgroup.procs"))
+                if isinstance(text, str):
+                    pids += [int(x) for x in text.split() if x.isdigit()]
+        return sorted(set(pids))
+    return None
+
+
+def service_pids(control_group: str, main_pid: int) -> Tuple[List[int], str]:
+    """Every process of the service (workers included): its cgroup, else the MainPID tree."""
+    pids = cgroup_pids(control_group)
+    if pids:
+        return pids, "cgroup"
+    if main_pid > 0:
+        return tree_pids(main_pid), "proc-tree"
+    return [], "none"
+
+
+SMI_GPUS = ["--query-gpu=index,name,uuid,memory.total,memory.used",
+            "--format=csv,noheader,nounits"]
+SMI_APPS = ["--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
+            "--format=csv,noheader,nounits"]
+
+
+def smi_readings() -> Optional[Json]:
+    """nvidia-smi's two CSV queries, raw (None without nvidia-smi: no NVIDIA driver)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    out: Json = {"smi_gpus": None, "smi_apps": None}
+    for key, args in (("smi_gpus", SMI_GPUS), ("smi_apps", SMI_APPS)):
+        try:
+            code, text = run([smi] + args, timeout=60)
+        except (OSError, subprocess.SubprocessError) as exc:
+            code, text = 1, _err(exc)
+        out[key] = text if code == 0 else None
+        if code != 0:
+            out["smi_error"] = text[-300:]
+    return out
+
+
+def smi_rows(text: Optional[str]) -> List[List[str]]:
+    return [[c.strip() for c in ln.split(",")] for ln in (text or "").splitlines() if ln.strip()]
+
+
+# Read through NVML; defined as source so `facts` can run it with the environment's python
+# (where nvidia-ml-py lives) and `probe`, already running there, calls it in-process.
+NVML_READ = r'''
+def nvml_read():
+    try:
+        import pynvml as n
+    except Exception as exc:
+        return {"error": "import pynvml: %s" % exc}
+    try:
+        n.nvmlInit()
+    except Exception as exc:
+        return {"error": "nvmlInit: %s" % exc}
+    def text(v):
+        return v.decode() if isinstance(v, bytes) else v
+    try:
+        out = {"driver": text(n.nvmlSystemGetDriverVersion()), "gpus": []}
+        for i in range(n.nvmlDeviceGetCount()):
+            h = n.nvmlDeviceGetHandleByIndex(i)
+            mem = n.nvmlDeviceGetMemoryInfo(h)
+            procs = n.nvmlDeviceGetComputeRunningProcesses(h)
+            try:  # compute capability: older bindings lack the call
+                cc = list(n.nvmlDeviceGetCudaComputeCapability(h))
+            except Exception:
+                cc = None
+            out["gpus"].append({"index": i, "name": text(n.nvmlDeviceGetName(h)),
+                                "uuid": text(n.nvmlDeviceGetUUID(h)),
+                                "memory_total": mem.total, "memory_used": mem.used,
+                                "cc": cc,
+                                "processes": [{"pid": p.pid, "used_memory": p.usedGpuMemory}
+                                              for p in procs]})
+        try:  # the newest CUDA the driver supports, e.g. 12080
+            out["cuda_driver"] = n.nvmlSystemGetCudaDriverVersion()
+        except Exception:
+            pass
+        return out
+    except Exception as exc:
+        return {"error": "nvml: %s" % exc}
+    finally:
+        try:
+            n.nvmlShutdown()
+        except Exception:
+            pass
+'''
+NVML_SCRIPT = NVML_READ + "\nimport json\nprint(json.dumps(nvml_read()))\n"
+_NVML: Json = {}
+exec(NVML_READ, _NVML)  # our own constant source, shared with NVML_SCRIPT
 
 
 def installed_packages(env_dir: str) -> Tuple[Optional[Dict[str, str]], Optional[str]]:
@@ -245,35 +411,6 @@ def env_dirs(root: str) -> List[List[Any]]:
     return out
 
 
-def service_pids(unit: str, main_pid: int) -> List[int]:
-    """Every process of the service: its cgroup (workers included) and the MainPID tree."""
-    pids: Set[int] = set()
-    for base in ("/sys/fs/cgroup/system.slice", "/sys/fs/cgroup/systemd/system.slice"):
-        text = read_text(os.path.join(base, unit + ".service", "cgroup.procs"))
-        if isinstance(text, str):
-            pids.update(int(p) for p in text.split() if p.isdigit())
-    if main_pid:
-        children: Dict[int, List[int]] = {}
-        for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            stat = read_text("/proc/%s/stat" % name)
-            if isinstance(stat, str):
-                fields = stat.rsplit(")", 1)[-1].split()
-                if len(fields) > 1:
-                    children.setdefault(int(fields[1]), []).append(int(name))
-        todo = [main_pid]
-        seen = set()
-        while todo:
-            pid = todo.pop()
-            if pid in seen:
-                continue
-            seen.add(pid)
-            pids.add(pid)
-            todo.extend(children.get(pid, []))
-    return sorted(pids)
-
-
 def cmdline(pid: int) -> Optional[str]:
     try:
         with open("/proc/%d/cmdline" % pid, "rb") as fh:
@@ -317,36 +454,6 @@ def port_owners(port: int) -> Json:
     return {"listening": bool(inodes), "owners": owners}
 
 
-NVML_SCRIPT = r"""
-import json
-try:
-    import pynvml as n
-except Exception as exc:
-    print(json.dumps({"error": "import pynvml: %s" % exc})); raise SystemExit(0)
-try:
-    n.nvmlInit()
-except Exception as exc:
-    print(json.dumps({"error": "nvmlInit: %s" % exc})); raise SystemExit(0)
-def text(v):
-    return v.decode() if isinstance(v, bytes) else v
-out = {"driver": text(n.nvmlSystemGetDriverVersion()), "gpus": []}
-for i in range(n.nvmlDeviceGetCount()):
-    h = n.nvmlDeviceGetHandleByIndex(i)
-    mem = n.nvmlDeviceGetMemoryInfo(h)
-    procs = n.nvmlDeviceGetComputeRunningProcesses(h)
-    out["gpus"].append({"index": i, "name": text(n.nvmlDeviceGetName(h)),
-                        "uuid": text(n.nvmlDeviceGetUUID(h)),
-                        "memory_total": mem.total, "memory_used": mem.used,
-                        "processes": [{"pid": p.pid, "used_memory": p.usedGpuMemory}
-                                      for p in procs]})
-print(json.dumps(out))
-"""
-SMI_GPUS = ["--query-gpu=index,name,uuid,memory.total,memory.used",
-            "--format=csv,noheader,nounits"]
-SMI_APPS = ["--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
-            "--format=csv,noheader,nounits"]
-
-
 def gpu_facts(python: str) -> Json:
     """Raw GPU readings: NVML through the environment's python (nvidia-ml-py lives there),
     else nvidia-smi's CSV; parsed on the controller (vigil/gpus.py)."""
@@ -365,24 +472,78 @@ def gpu_facts(python: str) -> Json:
             out["nvml"] = reply
     else:
         out["nvml_error"] = "no environment python at %s" % python
+    out.update(smi_facts())
     pids: List[int] = []
     if out["nvml"] is not None:
         pids = [p["pid"] for g in out["nvml"]["gpus"] for p in g["processes"]]
     else:
-        smi = shutil.which("nvidia-smi")
-        if smi:
-            for key, args in (("smi_gpus", SMI_GPUS), ("smi_apps", SMI_APPS)):
-                code, text = run([smi] + args, timeout=60)
-                out[key] = text if code == 0 else None
-                if code != 0:
-                    out["smi_error"] = text[-300:]
-            # only to look up command lines; vigil/gpus.py does the real parsing
-            for line in (out["smi_apps"] or "").splitlines():
-                fields = [f.strip() for f in line.split(",")]
-                if len(fields) > 1 and fields[1].isdigit():
-                    pids.append(int(fields[1]))
+        # only to look up command lines; vigil/deploy/gpus.py does the real parsing
+        pids += [int(r[1]) for r in smi_rows(out["smi_apps"])[1:]
+                 if len(r) > 1 and r[1].isdigit()]
+    if out["nvml"] is not None or out.get("smi_gpus") is not None:
+        out.update(kernel_nvrm())
     out["cmdlines"] = dict((str(p), cmdline(p)) for p in pids)
     return out
+
+
+# Facts read nvidia-smi by field name (headers kept; vigil/deploy/gpus.py): identity and
+# memory, then compute capability and health, which an older driver may reject as a whole
+# ("Field ... is not a valid field to query"): then the plain fields and the XML report.
+SMI_FACT_FIELDS = "index,name,uuid,pci.bus_id,driver_version,memory.total,memory.used"
+SMI_HEALTH_FIELDS = (",compute_cap,persistence_mode,mig.mode.current,"
+                     "ecc.errors.uncorrected.volatile.total,retired_pages.pending,"
+                     "remapped_rows.pending,remapped_rows.failure")
+SMI_FACT_APPS = "--query-compute-apps=gpu_uuid,pid,process_name,used_gpu_memory"
+KERNEL_DAYS = 7  # how far back Xid lines are read; the controller's policy picks its window
+
+
+def smi_facts() -> Json:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return {}
+
+    def query(args: List[str]) -> Tuple[int, str]:
+        try:
+            return run([smi] + args, timeout=60)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return 1, _err(exc)
+
+    out: Json = {}
+    code, text = query(["--query-gpu=" + SMI_FACT_FIELDS + SMI_HEALTH_FIELDS, "--format=csv"])
+    if code != 0:
+        code, text = query(["--query-gpu=" + SMI_FACT_FIELDS, "--format=csv"])
+        xcode, xml = query(["-q", "-x"])
+        out["smi_xml"] = xml if xcode == 0 else None
+    out["smi_gpus"] = text if code == 0 else None
+    if code != 0:
+        out["smi_error"] = text[-300:]
+    code, text = query([SMI_FACT_APPS, "--format=csv"])
+    out["smi_apps"] = text if code == 0 else None
+    code, text = query(["-L"])
+    out["smi_list"] = text if code == 0 else None
+    return out
+
+
+def kernel_nvrm() -> Json:
+    """The NVIDIA driver's kernel lines (Xid events) of the last days, with ISO times."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
+    error = "neither journalctl nor dmesg"
+    for source, cmd in (
+        ("journalctl -k", ["journalctl", "-k", "-o", "short-iso", "--no-pager",
+                           "--since=-%dd" % KERNEL_DAYS]),
+        ("dmesg", ["dmesg", "--time-format", "iso"]),
+    ):
+        if shutil.which(cmd[0]) is None:
+            continue
+        try:
+            code, text = run(cmd, timeout=60)
+        except (OSError, subprocess.SubprocessError) as exc:
+            code, text = 1, _err(exc)
+        if code == 0:
+            lines = [ln for ln in text.splitlines() if "NVRM" in ln]
+            return {"kernel": "\n".join(lines[-300:]), "kernel_source": source, "now": now}
+        error = "%s: %s" % (source, text[-200:])
+    return {"kernel": None, "kernel_error": error}
 
 
 UV_CANDIDATES = ("/opt/vigil/bin/uv",)
@@ -416,9 +577,7 @@ def facts(req: Json) -> Json:
     env_dir = env_in_use(paths)
     packages, env_error = installed_packages(env_dir)
     service = systemctl_show(req["unit"])
-    health = None
-    if service.get("ActiveState") == "active":
-        health = http(req["port"], "/health", timeout=2.0)
+    health = get_health(req["port"]) if service.get("ActiveState") == "active" else None
     try:
         pwd.getpwnam(req["service_user"])
         user_ok = True
@@ -443,7 +602,7 @@ def facts(req: Json) -> Json:
         "packages": packages,
         "env_error": env_error,
         "service": service,
-        "service_pids": service_pids(req["unit"], main_pid),
+        "service_pids": service_pids(service.get("ControlGroup", ""), main_pid)[0],
         "health": health,
         "service_user_exists": user_ok,
         "model": model_facts(req["model"]),
@@ -478,13 +637,17 @@ def _existing_parent(path: str) -> str:
     return path
 
 
-def write_atomic(path: str, content: str, mode: int) -> None:
+def write_atomic(
+    path: str, content: str, mode: int, owner: Optional[Tuple[int, int]] = None
+) -> None:
     """Temp file in the same directory, fsync, rename: a reader sees old or new, never half."""
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".vigil-")
     try:
         os.fchmod(fd, mode)
+        if owner is not None:
+            os.fchown(fd, owner[0], owner[1])
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(content)
             fh.flush()
@@ -615,17 +778,57 @@ def install_env(action: Json) -> Json:
             wrong.append("%s should be removed but is installed" % name)
     code, out = run(pip + ["check"], timeout=300)
     pip_check = out
-    code, out = run([python, "-c", action["import_check"]], timeout=600)
+    imports = import_errors(python, action.get("imports") or ["vllm"])
     reply = {"ok": True, "log": log, "env_dir": env_dir, "packages": packages,
-             "pip_check": pip_check, "installer": "uv" if uv else "pip",
+             "pip_check": pip_check, "installer": "uv" if uv else "pip", "imports": imports,
+             "torch_cuda": torch_cuda(python) if "torch" in (packages or {}) else None,
              "install_seconds": round(installed_s, 1),
              "seconds": round(time.monotonic() - started, 1)}
-    if wrong or err or code != 0:
+    failed = ["import %s: %s" % (m, e) for m, e in imports.items() if e is not None]
+    if wrong or err or failed:
         shutil.rmtree(env_dir, ignore_errors=True)
-        detail = "; ".join(wrong) or err or ("%s failed: %s" % (action["import_check"],
-                                                               out[-1500:]))
+        detail = "; ".join(wrong) or err or "; ".join(failed)
         reply.update(ok=False, error="environment check failed: %s" % detail)
     return reply
+
+
+# The installed torch's own word on its GPU kernels (the controller judges it against the
+# stack's gpu_archs and the GPUs): nothing to judge on a CPU build or without a usable GPU.
+TORCH_CUDA = (
+    "import json, torch\n"
+    "ok = torch.version.cuda is not None and torch.cuda.is_available()\n"
+    "print(json.dumps({'cuda': torch.version.cuda, 'available': ok,\n"
+    "  'archs': torch.cuda.get_arch_list() if ok else [],\n"
+    "  'capabilities': [list(torch.cuda.get_device_capability(i))\n"
+    "                   for i in range(torch.cuda.device_count())] if ok else []}))\n"
+)
+
+
+def torch_cuda(python: str) -> Json:
+    try:
+        code, out = run([python, "-c", TORCH_CUDA], timeout=300)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"available": False, "error": _err(exc)}
+    try:
+        found = json.loads(out.splitlines()[-1]) if code == 0 and out else None
+    except ValueError:
+        found = None
+    return found if isinstance(found, dict) else {"available": False, "error": out[-300:]}
+
+
+def import_errors(python: str, modules: List[str]) -> Dict[str, Optional[str]]:
+    """module -> None, or the last line of its failed import (the exception line).
+    One interpreter per module: a module that fails does not hide the next one."""
+    out: Dict[str, Optional[str]] = {}
+    for module in modules:
+        if not re.match(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$", str(module)):
+            out[str(module)] = "not a module name"
+            continue
+        code, text = run([python, "-c", "import importlib, sys; "
+                          "importlib.import_module(sys.argv[1])", module], timeout=600)
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        out[module] = None if code == 0 else (lines[-1] if lines else "exit %d" % code)
+    return out
 
 
 def run_logged(cmd: List[str], log: str, env: Dict[str, str]) -> int:
@@ -688,6 +891,42 @@ def _write(paths: Dict[str, str], key: str, action: Json) -> Json:
     return {"ok": True}
 
 
+def file_state(path: str) -> Json:
+    """A role file as it is: text, mode and owner (None when absent)."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return {"text": None}
+    text = read_text(path)
+    return {"text": text if isinstance(text, str) else None, "mode": "%o" % (st.st_mode & 0o7777),
+            "owner": _name(pwd.getpwuid, st.st_uid), "group": _name(grp.getgrgid, st.st_gid)}
+
+
+def _name(lookup: Callable[[int], Any], ident: int) -> str:
+    try:
+        return str(lookup(ident)[0])
+    except KeyError:
+        return str(ident)
+
+
+def role_facts(req: Json) -> Json:
+    """User roles' files and units (the roles' own round trip when no service is deployed)."""
+    return {"files": dict((p, file_state(p)) for p in req.get("files", [])),
+            "units": dict((u, systemctl_show(u)) for u in req.get("units", []))}
+
+
+def _write_file(action: Json, paths: Dict[str, str]) -> Json:
+    """A user role's file: atomic, with its mode and owner (`user` or `user:group`)."""
+    user, _, group = action["owner"].partition(":")
+    try:
+        pw = pwd.getpwnam(user)
+        gid = grp.getgrnam(group).gr_gid if group else pw.pw_gid
+    except KeyError:
+        return {"ok": False, "error": "no user or group %s on the host" % action["owner"]}
+    write_atomic(action["path"], action["content"], int(action["mode"], 8), (pw.pw_uid, gid))
+    return {"ok": True}
+
+
 def _backup(action: Json, paths: Dict[str, str]) -> Json:
     backup_release(paths)
     return {"ok": True}
@@ -719,6 +958,7 @@ APPLIERS: Dict[str, Applier] = {
     "write_env": lambda a, p: _write(p, "env", a),
     "restart": lambda a, p: _restart(a["unit"]),
     "systemctl": lambda a, p: _systemctl(a["args"]),
+    "write_file": _write_file,
 }
 
 
@@ -766,14 +1006,11 @@ def rollback(req: Json) -> Json:
 
 
 def status(req: Json) -> Json:
-    props = ("ActiveState,SubState,MainPID,NRestarts,ActiveEnterTimestamp,"
-             "ActiveEnterTimestampMonotonic,LoadState")
-    proc = subprocess.run(["systemctl", "show", req["unit"], "-p", props],
-                          capture_output=True, text=True)
-    service = dict(line.partition("=")[::2] for line in proc.stdout.splitlines())
+    """Unit state, uptime, the ExecStart line of the unit file and /health."""
+    service = systemctl_show(req["unit"])
     with open("/proc/uptime") as fh:
         uptime = float(fh.read().split()[0])
-    since = int(service.get("ActiveEnterTimestampMonotonic") or 0) / 1e6
+    since = _int(service.get("ActiveEnterTimestampMonotonic")) / 1e6
     unit = read_text(req["unit_path"])
     exec_start = ""
     if isinstance(unit, str):
@@ -781,13 +1018,364 @@ def status(req: Json) -> Json:
                            if line.startswith("ExecStart=")), "")
     health = None
     if service.get("ActiveState") == "active":
-        health = http(req["port"], "/health", timeout=2.0).get("status")
+        health = get_health(req["port"])["status"]
     return {"service": service, "uptime_s": uptime - since if since else None,
             "exec_start": exec_start, "health": health}
 
 
+# -- probe: one snapshot of a starting service (the watcher's one round trip per poll) --
+
+MAX_CACHE_ENTRIES = 200000  # bounds the probe's cost on a huge cache
+
+
+def unit_state(unit: str) -> Json:
+    kv = systemctl_show(unit)
+    if kv.get("error"):
+        return {"name": unit, "error": kv["error"]}
+    start_us = _int(kv.get("ExecMainStartTimestampMonotonic", "0"))
+    epoch = None
+    if start_us > 0:
+        # Same clock as systemd's monotonic stamps: map the start onto the epoch.
+        epoch = time.time() - (time.clock_gettime(time.CLOCK_MONOTONIC) - start_us / 1e6)
+    return {
+        "name": unit,
+        "active_state": kv.get("ActiveState", ""),
+        "sub_state": kv.get("SubState", ""),
+        "main_pid": _int(kv.get("MainPID", "0")),
+        "n_restarts": _int(kv.get("NRestarts", "0")),
+        "exec_main_status": _int(kv.get("ExecMainStatus", "0")),
+        "exec_main_start_us": start_us,
+        "exec_main_start_epoch": epoch,
+        "control_group": kv.get("ControlGroup", ""),
+        "invocation_id": kv.get("InvocationID", ""),
+        "error": None,
+    }
+
+
+def _message(value: Any) -> Optional[str]:
+    # journald gives non-UTF-8 or binary messages as a list of byte values.
+    if isinstance(value, list):
+        return bytes(int(b) & 0xFF for b in value).decode("utf-8", "replace")
+    if isinstance(value, str):
+        return value
+    return None
+
+
+def _other_start(rec: Json, invocation: Optional[str], since_us: int) -> bool:
+    """A line of an earlier run of the unit. `--since` has whole seconds, and a restart
+    puts the old run's shutdown lines (EngineDeadError, …) in the same second as the new
+    start: match journald's invocation id, else the exact start time."""
+    inv = rec.get("_SYSTEMD_INVOCATION_ID") or rec.get("INVOCATION_ID")
+    if invocation and inv:
+        return bool(inv != invocation)
+    return since_us > 0 and _int(rec.get("__REALTIME_TIMESTAMP", "0")) < since_us
+
+
+def journal(unit: str, cursor: Optional[str], max_lines: int,
+            since_epoch: Optional[float], invocation: Optional[str] = None) -> Json:
+    argv = ["journalctl", "-u", unit, "-o", "json", "--no-pager"]
+    if cursor:
+        argv += ["--after-cursor", cursor]
+    else:
+        argv += ["-n", str(max_lines)]
+        if since_epoch:
+            argv += ["--since", "@%d" % int(since_epoch)]
+    lines: List[Json] = []
+    new_cursor = cursor
+    truncated = False
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    except Exception as exc:
+        return {"lines": [], "cursor": cursor, "truncated": False, "error": _err(exc)}
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + CMD_TIMEOUT
+        for raw in proc.stdout:
+            try:
+                rec = json.loads(raw)
+            except ValueError:
+                continue
+            text = _message(rec.get("MESSAGE"))
+            if not cursor and _other_start(rec, invocation, int((since_epoch or 0) * 1e6)):
+                text = None
+            if text is not None:
+                us = _int(rec.get("__REALTIME_TIMESTAMP", "0"))
+                for part in text.splitlines() or [""]:
+                    lines.append({"us": us, "text": part})
+            new_cursor = rec.get("__CURSOR", new_cursor)
+            if len(lines) >= max_lines or time.monotonic() > deadline:
+                # Stop here; the cursor points at the last kept entry, the rest next poll.
+                truncated = True
+                break
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    err = None
+    if proc.returncode not in (0, None, -9) and not lines:
+        assert proc.stderr is not None
+        err = "journalctl: %s" % proc.stderr.read().decode("utf-8", "replace").strip()[:300]
+    return {"lines": lines, "cursor": new_cursor, "truncated": truncated, "error": err}
+
+
+def proc_info(pid: int) -> Optional[Json]:
+    """One /proc entry; None when the process is gone."""
+    stat = read_text("/proc/%d/stat" % pid)
+    if not isinstance(stat, str):
+        return None
+    comm = stat[stat.find("(") + 1:stat.rfind(")")]
+    rest = stat[stat.rfind(")") + 2:].split()
+    ticks = float(os.sysconf("SC_CLK_TCK"))
+    rss = 0
+    statm = read_text("/proc/%d/statm" % pid)
+    if isinstance(statm, str) and len(statm.split()) > 1:
+        rss = _int(statm.split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return {
+        "pid": pid,
+        "ppid": _int(rest[1]),
+        "comm": comm,
+        "cmdline": (cmdline(pid) or "")[:300],
+        "state": rest[0],
+        "cpu_s": (_int(rest[11]) + _int(rest[12])) / ticks,
+        "rss_bytes": rss,
+    }
+
+
+def processes(control_group: str, main_pid: int) -> Json:
+    try:
+        pids, source = service_pids(control_group, main_pid)
+        items = [info for info in (proc_info(p) for p in pids) if info is not None]
+        return {"source": source, "items": items, "error": None}
+    except Exception as exc:
+        return {"source": "none", "items": [], "error": _err(exc)}
+
+
+def probe_gpus(no_nvml: bool) -> Optional[Json]:
+    """Memory per GPU: NVML in-process (the probe runs on the environment's python), else
+    nvidia-smi, else None (a CPU host)."""
+    read = None if no_nvml else _NVML["nvml_read"]()
+    if read is not None and "error" not in read:
+        return {"source": "nvml", "error": None, "devices": [
+            {"index": g["index"], "name": str(g["name"]),
+             "memory_used_mib": g["memory_used"] / 1048576.0,
+             "memory_total_mib": g["memory_total"] / 1048576.0,
+             "processes": [{"pid": int(p["pid"]), "used_mib": (p["used_memory"] or 0) / 1048576.0}
+                           for p in g["processes"]]} for g in read["gpus"]]}
+    smi = smi_readings()
+    if smi is None:
+        return None
+    if smi["smi_gpus"] is None:
+        return {"source": "nvidia-smi", "devices": [], "error": smi.get("smi_error")}
+    try:
+        by_uuid: Dict[str, Json] = {}
+        devices = []
+        for r in smi_rows(smi["smi_gpus"]):  # index, name, uuid, memory.total, memory.used
+            d = {"index": _int(r[0]), "name": r[1], "memory_total_mib": float(r[3]),
+                 "memory_used_mib": float(r[4]), "processes": []}
+            by_uuid[r[2]] = d
+            devices.append(d)
+        for a in smi_rows(smi["smi_apps"]):  # gpu_uuid, pid, process_name, used_memory
+            if a[0] in by_uuid:
+                by_uuid[a[0]]["processes"].append(
+                    {"pid": _int(a[1]), "used_mib": float(a[3]) if a[3][:1].isdigit() else 0.0})
+        return {"source": "nvidia-smi", "devices": devices, "error": None}
+    except (IndexError, ValueError) as exc:
+        return {"source": "nvidia-smi", "devices": [], "error": _err(exc)}
+
+
+def walk_dir(path: str) -> Json:
+    out: Json = {"path": path, "exists": os.path.isdir(path), "bytes": 0, "files": 0,
+                 "newest_mtime": None, "oldest_mtime": None, "truncated": False,
+                 "error": None}
+    if not out["exists"]:
+        return out
+    seen = 0
+    newest: Optional[float] = None
+    oldest: Optional[float] = None  # files older than the start: the cache was warm
+    todo = [path]
+    try:
+        while todo:
+            d = todo.pop()
+            try:
+                entries = list(os.scandir(d))
+            except PermissionError as exc:
+                out["error"] = _err(exc)
+                continue
+            for e in entries:
+                seen += 1
+                if seen > MAX_CACHE_ENTRIES:
+                    out["truncated"] = True
+                    todo = []
+                    break
+                try:
+                    if e.is_dir(follow_symlinks=False):
+                        todo.append(e.path)
+                    elif e.is_file(follow_symlinks=False):
+                        st = e.stat(follow_symlinks=False)
+                        out["files"] += 1
+                        out["bytes"] += st.st_size
+                        if newest is None or st.st_mtime > newest:
+                            newest = st.st_mtime
+                        if oldest is None or st.st_mtime < oldest:
+                            oldest = st.st_mtime
+                except OSError:
+                    continue  # a file vanished mid-walk: inductor renames temp files
+    except Exception as exc:
+        out["error"] = _err(exc)
+    out["newest_mtime"] = newest
+    out["oldest_mtime"] = oldest
+    return out
+
+
+def cache_dirs(user: Optional[str], extra: List[str]) -> List[str]:
+    if extra:
+        return extra
+    home = os.path.expanduser("~")
+    if user:
+        with contextlib.suppress(KeyError):
+            home = pwd.getpwnam(user).pw_dir
+    root = os.environ.get("VLLM_CACHE_ROOT") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(home, ".cache"), "vllm")
+    name = user or pwd.getpwuid(os.getuid()).pw_name
+    return [os.path.join(root, "torch_compile_cache"), "/tmp/torchinductor_%s" % name]
+
+
+def cache(user: Optional[str], extra: List[str]) -> Json:
+    try:
+        return {"dirs": [walk_dir(d) for d in cache_dirs(user, extra)], "error": None}
+    except Exception as exc:
+        return {"dirs": [], "error": _err(exc)}
+
+
+def http_state(port: int, api_key: Optional[str]) -> Json:
+    h = get_health(port)
+    out: Json = {"health_status": h["status"], "health_error": h["error"], "models": None,
+                 "models_error": None}
+    if h["status"] is None:
+        out["models_error"] = "not queried: /health did not answer"
+        return out
+    m = http(port, "/v1/models", headers=bearer(api_key), timeout=2.0, limit=1 << 20)
+    if m["status"] == 200:
+        try:
+            out["models"] = [str(x.get("id")) for x in json.loads(m["body"]).get("data", [])]
+        except Exception as exc:
+            out["models_error"] = _err(exc)
+    else:
+        out["models_error"] = m["error"] or "HTTP %s" % m["status"]
+    return out
+
+
+def probe(req: Json) -> Json:
+    """One snapshot (parsed by vigil.verify.snapshot.Snapshot). Never fails as a whole:
+    each part that fails carries an `error` instead."""
+    try:
+        snap: Json = {"v": 1, "time": time.time(), "errors": []}
+        main_pid = _int(req.get("pid"))
+        cgroup = ""
+        if req.get("unit"):
+            unit = unit_state(req["unit"])
+            snap["unit"] = unit
+            main_pid = main_pid or _int(unit.get("main_pid"))
+            cgroup = str(unit.get("control_group") or "")
+            snap["journal"] = journal(req["unit"], req.get("cursor"),
+                                      _int(req.get("max_lines"), 2000),
+                                      unit.get("exec_main_start_epoch"),
+                                      str(unit.get("invocation_id") or "") or None)
+        snap["processes"] = processes(cgroup, main_pid)
+        snap["gpus"] = probe_gpus(bool(req.get("no_nvml")))
+        snap["cache"] = cache(req.get("user"), list(req.get("cache_dirs") or []))
+        port = _int(req.get("port"))
+        if port > 0:
+            snap["http"] = http_state(port, req.get("api_key"))
+        return snap
+    except Exception as exc:  # still a snapshot, never a traceback
+        return {"v": 1, "time": time.time(), "errors": [_err(exc)]}
+
+
+# -- smoke: one real streamed completion from the host to its own server -------------
+
+
+def smoke(req: Json) -> Json:
+    """Streams so time-to-first-token is measured; asks for usage in the last chunk so the
+    token count is the server's, not a guess from chunk counts."""
+    body = {"model": req["model"], "prompt": req["prompt"], "max_tokens": req["max_tokens"],
+            "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    headers = dict(bearer(req.get("api_key")), **{"Content-Type": "application/json"})
+    url = "http://127.0.0.1:%d/v1/completions" % _int(req["port"])
+    out: Json = {"ok": False, "tokens": 0, "ttft_s": None, "tokens_per_s": None,
+                 "error": None, "status": None, "text": ""}
+    t0 = time.monotonic()
+    first = None
+    chunks = 0
+    usage = None
+    try:
+        r = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
+        with urllib.request.urlopen(r, timeout=req["timeout"]) as resp:
+            out["status"] = resp.status
+            for raw in resp:
+                line = raw.decode("utf-8", "replace").strip()
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                msg = json.loads(data)
+                if msg.get("error"):
+                    out["error"] = str(msg["error"])[:500]
+                    break
+                for ch in msg.get("choices") or []:
+                    if ch.get("text"):
+                        if first is None:
+                            first = time.monotonic()
+                        chunks += 1
+                        out["text"] += ch["text"]
+                if msg.get("usage"):
+                    usage = msg["usage"]
+    except urllib.error.HTTPError as exc:
+        out["status"] = exc.code
+        out["error"] = "HTTP %d: %s" % (exc.code, exc.read().decode("utf-8", "replace")[:500])
+    except Exception as exc:
+        out["error"] = _err(exc)
+    end = time.monotonic()
+    tokens = _int((usage or {}).get("completion_tokens")) or chunks
+    out["tokens"] = tokens
+    if first is not None:
+        out["ttft_s"] = round(first - t0, 4)
+        if tokens > 1 and end > first:
+            out["tokens_per_s"] = round((tokens - 1) / (end - first), 2)
+    out["ok"] = out["error"] is None and tokens > 0
+    if out["ok"] is False and out["error"] is None:
+        out["error"] = "the completion returned no tokens"
+    out["text"] = out["text"][:200]
+    return out
+
+
+# -- history and logs -----------------------------------------------------------------
+
+
+def history(req: Json) -> Json:
+    """The host's start history (one JSON line per start) and its CPU count (part of a CPU
+    host's budget key); with `append`, first adds that record."""
+    path = req["path"]
+    if req.get("append") is not None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(req["append"], sort_keys=True) + "\n")
+    text = read_text(path)
+    return {"cores": len(os.sched_getaffinity(0)), "text": text if isinstance(text, str) else "",
+            "error": "%s: permission denied" % path if isinstance(text, dict) else None}
+
+
+def logs(req: Json) -> Json:
+    """The last `lines` lines of the unit's journal, as `journalctl -o short-iso` shows them."""
+    code, out = run(["journalctl", "-u", req["unit"], "-n", str(_int(req.get("lines"), 100)),
+                     "--no-pager", "-o", "short-iso"], timeout=60)
+    return {"ok": code == 0, "text": out}
+
+
 VERBS: Dict[str, Any] = {"status": status, "facts": facts, "apply": apply, "rollback": rollback,
-                         "packages": packages}
+                         "packages": packages, "role_facts": role_facts, "probe": probe,
+                         "smoke": smoke, "history": history, "logs": logs}
 
 if __name__ == "__main__":
     request = json.loads(sys.stdin.read() or "{}")

@@ -1,21 +1,69 @@
-"""Call the host agent: one verb, one JSON request on stdin, one JSON reply: one round trip."""
+"""Call the host agent: one verb, one JSON request on stdin, one JSON reply: one round trip.
+
+Every host-side step (facts, apply, rollback, status, packages, probe, smoke, history,
+logs) is a verb of the one stdlib agent (vigil/host/agent.py), called the same way.
+"""
 
 from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from vigil.desired.config import HostVars
 from vigil.errors import CommandError, HostError
-from vigil.transport.ssh import Transport, privileged
+from vigil.transport.ssh import Result, Transport, privileged
 
 
 @cache
 def agent_source() -> str:
     return (Path(__file__).resolve().parents[1] / "host" / "agent.py").read_text()
+
+
+def agent_command(verb: str, python: str | None = None) -> str:
+    """The shell command running one verb: with `python` (the service environment's, where
+    nvidia-ml-py lives) when it exists there, else the host's python3."""
+    run = f"-c {shlex.quote(agent_source())} {shlex.quote(verb)}"
+    if python is None:
+        return f"python3 {run}"
+    return f'P={shlex.quote(python)}; [ -x "$P" ] || P=python3; "$P" {run}'
+
+
+def reply(name: str, verb: str, result: Result) -> dict[str, Any]:
+    """The agent's JSON reply, or one clear error naming what failed on the host."""
+    if result.exit_status != 0:
+        if result.exit_status == 127 or "python3: command not found" in result.stderr:
+            raise HostError(name, "python3 is not installed on the host",
+                            fix="install python3 (vigil's host agent needs it)")
+        if "sudo:" in result.stderr and "password" in result.stderr:
+            raise HostError(name, "sudo asks for a password",
+                            fix="allow passwordless sudo for the deploy user, or deploy as root")
+        raise CommandError(name, f"vigil agent {verb}", result.exit_status, result.stderr)
+    try:
+        out: dict[str, Any] = json.loads(result.stdout)
+    except ValueError:
+        raise HostError(
+            name, f"agent {verb} printed no JSON: {result.stdout[-300:]!r}"
+        ) from None
+    return out
+
+
+def call_with(
+    transport: Transport,
+    as_root: Callable[[str], str],
+    verb: str,
+    request: dict[str, Any],
+    *,
+    timeout: float | None = 120,
+    python: str | None = None,
+) -> dict[str, Any]:
+    """`call` for a caller that holds a privilege wrapper instead of the host's variables."""
+    result = transport.run(as_root(agent_command(verb, python)), stdin=json.dumps(request),
+                           timeout=timeout)
+    return reply(transport.name, verb, result)
 
 
 def call(
@@ -25,22 +73,7 @@ def call(
     request: dict[str, Any],
     *,
     timeout: float | None = 120,
+    python: str | None = None,
 ) -> dict[str, Any]:
-    command = privileged(f"python3 -c {shlex.quote(agent_source())} {verb}", host)
-    result = transport.run(command, stdin=json.dumps(request), timeout=timeout)
-    if result.exit_status != 0:
-        if result.exit_status == 127 or "python3: command not found" in result.stderr:
-            raise HostError(transport.name, "python3 is not installed on the host",
-                            fix="install python3 (vigil's host agent needs it)")
-        if "sudo:" in result.stderr and "password" in result.stderr:
-            raise HostError(transport.name, "sudo asks for a password",
-                            fix="allow passwordless sudo for the deploy user, or deploy as root")
-        raise CommandError(transport.name, f"vigil agent {verb}", result.exit_status,
-                           result.stderr)
-    try:
-        reply: dict[str, Any] = json.loads(result.stdout)
-    except ValueError:
-        raise HostError(
-            transport.name, f"agent {verb} printed no JSON: {result.stdout[-300:]!r}"
-        ) from None
-    return reply
+    return call_with(transport, lambda c: privileged(c, host), verb, request,
+                     timeout=timeout, python=python)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shlex
 import sqlite3
 from collections.abc import Iterable, Mapping
 from contextlib import closing
@@ -21,8 +20,9 @@ from typing import Any
 
 from vigil.desired.config import HostVars, ModelProfile, Stack
 from vigil.desired.render import STATE_ROOT, Rendered
-from vigil.errors import CommandError, ConfigError
-from vigil.transport.ssh import Transport, privileged
+from vigil.errors import ConfigError, HostError
+from vigil.transport.remote import call
+from vigil.transport.ssh import Transport
 from vigil.verify.budgets import BudgetKey, CacheState, HistoryRecord
 
 SCHEMA = """
@@ -167,34 +167,25 @@ class Mirror:
 
 # -- the host's copy ----------------------------------------------------------------
 
-_SEP = "--vigil-history--"
-
-
 def read_host(transport: Transport, host: HostVars) -> tuple[int | None, list[HistoryRecord]]:
-    """(CPU cores, records) from the host, one round trip: the core count belongs to the
-    budget key of a CPU host."""
-    path = host_path(host.service)
-    command = privileged(f"nproc; echo {_SEP}; cat {shlex.quote(path)} 2>/dev/null; true", host)
-    res = transport.run(command, timeout=60)
-    if res.exit_status != 0:
-        raise CommandError(transport.name, "read history", res.exit_status, res.stderr)
-    head, _, body = res.stdout.partition(_SEP + "\n")
-    try:
-        cores: int | None = int(head.strip().splitlines()[0])
-    except (ValueError, IndexError):
-        cores = None
-    records, _bad = parse_lines(body)
-    return cores, records
+    """(CPU cores, records) from the host, one round trip (the agent's `history` verb): the
+    core count belongs to the budget key of a CPU host."""
+    return _history(transport, host, None)
 
 
 def append_host(transport: Transport, host: HostVars, record: HistoryRecord) -> None:
     """Append one record to the host's history (one round trip, record on stdin)."""
+    _history(transport, host, record)
+
+
+def _history(transport: Transport, host: HostVars, append: HistoryRecord | None
+             ) -> tuple[int | None, list[HistoryRecord]]:
     path = host_path(host.service)
-    folder = path.rsplit("/", 1)[0]
-    command = privileged(
-        f"mkdir -p {shlex.quote(folder)} && cat >> {shlex.quote(path)}", host)
-    res = transport.run(command, stdin=json.dumps(record.to_dict(), sort_keys=True) + "\n",
-                        timeout=60)
-    if res.exit_status != 0:
-        raise CommandError(transport.name, f"append history to {path}", res.exit_status,
-                           res.stderr)
+    reply = call(transport, host, "history",
+                 {"path": path, "append": append.to_dict() if append else None}, timeout=60)
+    if reply.get("error"):
+        raise HostError(transport.name, f"history {path}: {reply['error']}",
+                        fix="deploy as root, or set sudo: true")
+    records, _bad = parse_lines(str(reply.get("text") or ""))
+    cores = reply.get("cores")
+    return (int(cores) if isinstance(cores, int) and cores > 0 else None), records

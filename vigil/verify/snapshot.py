@@ -1,14 +1,14 @@
 """One probe snapshot as typed values, and its JSON form.
 
-The probe (vigil/probe.py, stdlib-only, runs on the host) prints this shape; the
-watcher parses it with `Snapshot.from_json`, and traces store one per line. Every part
+The host agent's `probe` verb (vigil/host/agent.py, stdlib-only, runs on the host)
+replies with this shape; the watcher parses it with `Snapshot.from_dict`, and traces
+store one per line (`to_json`/`from_json`). Every part
 may carry an `error` instead of data: a probe never fails as a whole. Missing parts
 parse as "not observed" (None), which the reducer treats as no evidence either way.
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -170,10 +170,6 @@ class Snapshot(_Value):
             return cls.model_validate(data)
         except ValidationError as exc:
             raise ValueError(f"not a vigil snapshot: {_first_error(exc)}") from exc
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = json.loads(self.to_json())
-        return out
 
 
 def _first_error(exc: ValidationError) -> str:
