@@ -388,5 +388,6 @@ ns = Collection(deploy, render, status, logs, rollback, verify, history, replay)
 ns.add_collection(lab.tasks.ns)
 ns.add_task(vigil.tasks.runtime.preflight)
 ns.add_collection(vigil.tasks.runtime.stack)
-ns.configure({"vigil": {"inventory": "inventory", "templates": "templates", "state_dir": "state",
+ns.configure({"vigil": {"inventory": "inventory", "roles": "roles",
+                        "templates": "roles/service/templates", "state_dir": "state",
                         "poll_s": 5.0, "history_min_samples": 3}})

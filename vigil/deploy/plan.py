@@ -7,21 +7,21 @@ Ansible handler, the service restarts only when something it depends on changed.
 from __future__ import annotations
 
 import difflib
+import os
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
 from vigil.deploy.facts import HostFacts
 from vigil.deploy.runtime import (
-    MIN_FREE_FOR_INSTALL,
     collect,
     in_use,
     install_dir,
     install_payload,
     runtime_differences,
 )
-from vigil.desired.config import Stack
-from vigil.desired.render import Rendered, mask_env_text
+from vigil.desired.config import HostVars, Stack
+from vigil.desired.render import Rendered, redact_env_text
 from vigil.errors import RefusedError
 
 
@@ -113,6 +113,23 @@ def unified(path: str, old: str | None, new: str) -> str:
     return "".join(lines)
 
 
+# Keys the hashes of masked values: equal values hash equal within one run (a diff
+# shows what changed), and the hash of a short secret cannot be looked up elsewhere.
+_DIFF_KEY = os.urandom(32)
+
+
+def env_diff(r: Rendered, host_text: str | None) -> str:
+    """The env file diff with every value vigil does not render in the open masked:
+    secrets, and variables found only on the host (a DB_PASS someone added)."""
+    public = frozenset(n for n in r.env if n not in r.secret_names)
+    # the template's own comments; a comment found only on the host may hold anything
+    shown = frozenset(line for line in r.env_text.split("\n") if line.startswith("#"))
+    return unified(r.paths.env,
+                   None if host_text is None else redact_env_text(host_text, public, shown,
+                                                                  _DIFF_KEY),
+                   redact_env_text(r.env_text, public, shown, _DIFF_KEY))
+
+
 def make_plan(
     host_name: str,
     stack: Stack,
@@ -122,21 +139,26 @@ def make_plan(
     force_restart: bool = False,
     reinstall: bool = False,
     kill_pids: tuple[int, ...] = (),
+    host: HostVars | None = None,
 ) -> Plan:
+    """``host`` gives the runtime role's settings (keep_envs, installer, min_free_gib)."""
+    hv = host or HostVars.model_validate({})
+    min_free = int(hv.min_free_gib * 2**30)
     actions: list[Action] = []
     runtime = runtime_differences(stack, facts)
     target = in_use(r.paths.env_dir, facts)
     if runtime or reinstall:
-        if facts.disk_free_bytes < MIN_FREE_FOR_INSTALL:
+        if facts.disk_free_bytes < min_free:
             raise RefusedError(
                 f"{host_name}: {facts.disk_free_bytes / 2**30:.1f} GiB free under "
-                f"{r.paths.env_dir}; an environment needs {MIN_FREE_FOR_INSTALL // 2**30} GiB",
-                fix="free disk space on the host",
+                f"{r.paths.env_dir}; an environment needs {hv.min_free_gib:g} GiB",
+                fix="free disk space on the host (or lower min_free_gib)",
             )
         # built beside the live environment; switched only after it passed verification
         target = install_dir(r.paths.env_dir, facts)
         actions.append(Action("install_env", "; ".join(runtime) or "--reinstall",
-                              install_payload(stack, target, r.paths.current)))
+                              install_payload(stack, target, r.paths.current,
+                                              installer=hv.installer)))
     switch = facts.current_env != target
     unit_changed = facts.unit_text != r.unit_text
     env_changed = facts.env_text != r.env_text
@@ -150,8 +172,7 @@ def make_plan(
         writes.append(Action(
             "write_env", env_change_reason(facts.env_text, r.env_text, r.secret_names),
             {"content": r.env_text, "mode": "600"},
-            unified(r.paths.env, None if facts.env_text is None else
-                    mask_env_text(facts.env_text, r.secret_names), r.env_masked),
+            env_diff(r, facts.env_text),
         ))
     if unit_changed:
         writes.append(Action(
@@ -164,7 +185,7 @@ def make_plan(
         actions.append(Action("backup", "keep the running release for rollback"))
     actions += writes
     if switch:
-        old = collect(facts, {target}, backup_replaced=bool(existed))
+        old = collect(facts, {target}, hv.keep_envs, backup_replaced=bool(existed))
         if old:
             actions.append(Action("remove_envs", f"keep the newest environments: {len(old)} "
                                   "old one(s) collected", {"paths": old}))

@@ -12,11 +12,13 @@ import re
 from typing import Any
 
 from vigil.deploy.facts import HostFacts
+from vigil.deploy.gpucheck import installed_arch_problems
 from vigil.desired.config import Stack
 from vigil.desired.stacks import Finding, check, pip_check_problems
+from vigil.verify.catalog import classify, is_specific
 
-MIN_FREE_FOR_INSTALL = 10 * 2**30
-KEEP_ENVS = 3  # besides the ones `current` and the kept release point to
+# How many old environments to keep (keep_envs), the installer and the free disk an
+# install needs are the runtime role's defaults (roles/runtime/defaults.yml).
 
 
 def pip_for(env_dir: str) -> str:
@@ -69,7 +71,7 @@ def in_use(base: str, facts: HostFacts) -> str:
     return base
 
 
-def collect(facts: HostFacts, keep_also: set[str], keep: int = KEEP_ENVS, *,
+def collect(facts: HostFacts, keep_also: set[str], keep: int, *,
             backup_replaced: bool = False) -> list[str]:
     """Old environments to delete: all but the ``keep`` newest, never one that ``current``
     or the kept release points to, nor ``keep_also`` (the one being switched to). When the
@@ -95,22 +97,46 @@ def install_payload(
         "find_links": stack.find_links,
         "index_url": stack.index_url,
         "extra_index_urls": stack.extra_index_urls,
-        "import_check": "import vllm",
+        "imports": list(stack.verify_imports),
         "installer": installer,
     }
 
 
+def failed_imports(reply: dict[str, Any]) -> dict[str, str]:
+    """module -> the exception line its import ended with (the agent's install reply)."""
+    imports = reply.get("imports")
+    if not isinstance(imports, dict):
+        return {}
+    return {str(m): str(e) for m, e in imports.items() if e is not None}
+
+
+def import_remedy(reply: dict[str, Any]) -> str | None:
+    """The log catalog's remedy for a failed import whose line it knows (flashinfer's
+    own pair check, for one): the same cause and fix a crashed start would get."""
+    for line in failed_imports(reply).values():
+        match = classify(line)
+        if match.cause is not None and is_specific(match.cause):
+            return match.remedy
+    return None
+
+
 def verify_install(stack: Stack, reply: dict[str, Any]) -> list[str]:
     """Everything wrong with a freshly built environment (the agent's install reply):
-    pins, removals, rules, ``pip check``, ``import vllm``. Empty: it may become current."""
+    pins, removals, rules, ``pip check``, each of the stack's ``verify_imports``.
+    Empty: it may become current."""
     problems: list[str] = []
     if not reply.get("ok"):
         problems.append(str(reply.get("error") or "install failed"))
+    for module, line in failed_imports(reply).items():
+        problem = f"import {module}: {line}"
+        if not any(problem in p for p in problems):
+            problems.append(problem)
     packages = reply.get("packages")
     env_dir = str(reply.get("env_dir") or "ENV")
     if isinstance(packages, dict):
         problems += [f.describe() for f in check(stack, packages, pip_for(env_dir))]
     problems += [f"pip check: {line}" for line in
                  pip_check_problems(str(reply.get("pip_check") or ""), stack)]
+    problems += installed_arch_problems(stack, reply)
     # the agent's own pin check repeats ours; say each problem once
     return list(dict.fromkeys(problems))

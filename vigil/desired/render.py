@@ -8,6 +8,7 @@ with ``--`` stays a value), and each word is quoted for systemd's own parser.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import re
 from collections.abc import Mapping
@@ -19,7 +20,8 @@ import jinja2
 from vigil.desired.config import HostVars, ModelProfile, Stack
 from vigil.errors import ConfigError, TemplateError
 
-TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
+# The service role owns the unit and env file templates.
+TEMPLATES = Path(__file__).resolve().parents[2] / "roles" / "service" / "templates"
 STATE_ROOT = "/var/lib/vigil"  # vigil's own state on a host: backups, locks, history
 CACHE_ROOT = "/var/cache/vigil"  # per-service compile caches (systemd CacheDirectory=)
 BANNER = "Managed by vigil - edits here are replaced by the next deploy."
@@ -28,6 +30,7 @@ API_SERVER = "vllm.entrypoints.openai.api_server"
 # Names whose values are never printed: plans, diffs and logs show *** instead.
 _SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY)$", re.I)
 MASK = "***"
+_SAFE_NAME = re.compile(r"^(export )?[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def systemd_quote(word: str) -> str:
@@ -169,19 +172,38 @@ def _render(jenv: jinja2.Environment, name: str, context: Mapping[str, object]) 
         raise TemplateError(f"line {exc.lineno}: {exc.message}", file=where) from None
     except jinja2.UndefinedError as exc:
         raise TemplateError(
-            str(exc), file=where, fix="use only variables vigil passes (see vigil/render.py)"
+            str(exc), file=where, fix="use only variables vigil/desired/render.py passes"
         ) from None
 
 
 def mask_env_text(text: str, secrets: frozenset[str]) -> str:
-    """Mask secret values in an env file as found on a host (any quoting)."""
+    """Mask secret values in an env file as found on a host (any quoting). Lines end at
+    \n only, as systemd reads them: a U+2028 inside a value must not end the masking."""
     out = []
-    for line in text.splitlines(keepends=True):
+    for line in text.split("\n"):
         name, sep, _ = line.partition("=")
         if sep and not line.lstrip().startswith("#") and is_secret(name.strip(), secrets):
-            line = f"{name}={MASK}\n"
+            line = f"{name}={MASK}"
         out.append(line)
-    return "".join(out)
+    return "\n".join(out)
+
+
+def redact_env_text(text: str, public: frozenset[str], shown: frozenset[str],
+                    key: bytes) -> str:
+    """An env file fit to print: a line stays only when it is one vigil renders in the
+    open (``shown``: comments, public settings) or sets a ``public`` name; every other
+    value (a secret, a variable found only on the host) becomes *** and a keyed hash, so
+    a diff still tells changed from unchanged without giving the value away."""
+    out = []
+    for line in text.split("\n"):
+        name, sep, value = line.partition("=")
+        if line in shown or (sep and name.strip() in public) or not line.strip():
+            out.append(line)
+            continue
+        digest = hmac.new(key, value.encode(errors="replace"), hashlib.sha256).hexdigest()
+        label = f"{name}=" if sep and _SAFE_NAME.match(name.strip()) else "(a line) "
+        out.append(f"{label}{MASK} (hash {digest[:10]})")
+    return "\n".join(out)
 
 
 def render(
@@ -225,12 +247,14 @@ def render(
         "state_dir_rel": paths.state.removeprefix("/var/lib/"),
         "cache_dir_rel": paths.cache.removeprefix("/var/cache/"),
         "exec_start": " ".join(systemd_quote(a) for a in argv),
-        "start_limit_interval_s": 1800,
-        "start_limit_burst": 3,
-        "restart_sec": 30,
+        # unit settings: the service role's defaults.yml, overridable per host
+        "start_limit_interval_s": host.start_limit_interval_s,
+        "start_limit_burst": host.start_limit_burst,
+        "restart_sec": host.restart_sec,
         "timeout_start_s": int(host.serve_timeout_s),
         # systemd must not SIGKILL a drain that vLLM is allowed to take
-        "timeout_stop_s": max(90, profile.shutdown_timeout_s + 30),
+        "timeout_stop_s": max(host.timeout_stop_s, profile.shutdown_timeout_s + 30),
+        "limit_nofile": host.limit_nofile,
     }
     unit_text = _render(jenv, "vllm.service.j2", context)
     env_text = _render(jenv, "vllm.env.j2", {**context, "env": env})

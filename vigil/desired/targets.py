@@ -5,8 +5,8 @@ error changes no host (pure: files in, values out)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import yaml
 from vigil.desired.config import HostVars, ModelProfile, Stack
 from vigil.desired.inventory import Inventory
 from vigil.desired.render import TEMPLATES, Rendered, render
+from vigil.desired.roles import RenderedRole, render_role
 from vigil.errors import ConfigError, RefusedError
 
 
@@ -25,10 +26,18 @@ class Target:
     profile: ModelProfile
     stack: Stack
     rendered: Rendered
+    roles: tuple[RenderedRole, ...] = ()  # the host's user roles, rendered
+    origin: Mapping[str, str] = field(default_factory=dict)  # variable -> where it was set
+
+    def takes(self, role: str) -> bool:
+        return role in self.vars.roles
 
 
-def parse_sets(items: list[str] | tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``--set key=value`` flags, split into host variables and profile overrides."""
+def parse_sets(
+    items: list[str] | tuple[str, ...], role_keys: Collection[str] = ()
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``--set key=value`` flags, split into host variables (user roles' variables
+    included) and profile overrides."""
     host: dict[str, Any] = {}
     profile: dict[str, Any] = {}
     for item in items:
@@ -39,7 +48,7 @@ def parse_sets(items: list[str] | tuple[str, ...]) -> tuple[dict[str, Any], dict
                 f"--set {item!r} is not key=value", fix="e.g. --set max_model_len=8192"
             )
         value = yaml.safe_load(raw) if raw else ""
-        if key in HostVars.model_fields:
+        if key in HostVars.model_fields or key in role_keys:
             host[key] = value
         elif key in ModelProfile.model_fields and key != "name":
             profile[key] = value
@@ -62,11 +71,12 @@ def resolve(
     template_dir: Path = TEMPLATES,
     require_secrets: bool = True,
 ) -> list[Target]:
-    host_flags, profile_flags = parse_sets(sets)
+    host_flags, profile_flags = parse_sets(sets, inv.role_keys())
     env = os.environ if operator_env is None else operator_env
     targets = []
     for name in inv.select(pattern):
-        hv = inv.host_vars(name, host_flags)
+        resolved = inv.resolve(name, host_flags)
+        hv = resolved.vars
         profile_name = model or hv.model
         if not profile_name:
             raise ConfigError(
@@ -85,7 +95,9 @@ def resolve(
         check_fits(name, hv, profile)
         rendered = render(name, hv, profile, st, env, template_dir,
                           require_secrets=require_secrets)
-        targets.append(Target(name, hv, profile, st, rendered))
+        values = {**hv.model_dump(), **resolved.role_vars}
+        user = tuple(render_role(r, name, values) for r in resolved.user_roles)
+        targets.append(Target(name, hv, profile, st, rendered, user, resolved.origin))
     return targets
 
 

@@ -29,7 +29,7 @@ def setting(c: Context, key: str) -> Path:
 
 
 def load_inventory(c: Context) -> inventory.Inventory:
-    return inventory.load(setting(c, "inventory"))
+    return inventory.load(setting(c, "inventory"), setting(c, "roles"))
 
 
 @contextmanager
