@@ -82,13 +82,13 @@ def test_fleet_rolls_in_batches_and_stops_past_the_budget(
     ro = json.loads((tmp_path / "b.json").read_text())
     assert [b["hosts"] for b in ro["batches"]] == [names[0:2], names[2:4], names[4:6]]
     assert ro["failed"] == [names[4]]
-    assert ro["done"] == names[0:4] + [names[5]]  # its batch mate was already on its way
+    assert ro["done"] == [*names[0:4], names[5]]  # its batch mate was already on its way
     assert ro["untouched"] == names[6:8]
     assert ro["hosts"][names[4]]["verdict"] == "crashed"
     assert ro["rolled_back"][names[4]]["status"] == "rolled_back"
     assert ro["hosts"][names[0]]["phases"]  # phase durations per host from verify
 
-    for i in nums[:4] + [nums[5]]:
+    for i in [*nums[:4], nums[5]]:
         assert "STANDIN_RELEASE='b'" in env_file(i)
     for i in [bad, *nums[6:8]]:  # rolled back, or never touched: release a
         assert "STANDIN_RELEASE='a'" in env_file(i)
