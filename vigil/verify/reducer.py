@@ -52,6 +52,7 @@ VERDICTS = ("ready", "slow", "stalled", "crashed", "timed_out", "stopped")
 MOVE_MIB = 64.0
 RSS_MOVE = 64 * 1024 * 1024
 CPU_BUSY = 0.3  # tree CPU seconds per wall second that count as "working"
+MAX_FATAL = 64
 _RANK = {"root": 0, "exception": 1, "symptom": 2, "chain": 3}
 # systemd sub-states of a stop job: someone asked the unit to stop.
 _STOP_SUBSTATES = frozenset({"stop", "stop-pre", "stop-sigterm", "stop-sigkill",
@@ -379,8 +380,11 @@ def _fold_lines(st: WatchState, snap: Snapshot, now: float) -> tuple[_Fold, Watc
         if m.kind == "fatal" and m.cause is not None:
             rank = "exception" if (m.role == "root" and m.cause == "unknown") else (
                 m.role or "chain")
-            f.fatal.append(Fatal(m.cause, entry.text.strip(), m.remedy or "", rank, t,
-                                 after_stop=f.st.stop_at is not None))
+            item = Fatal(m.cause, entry.text.strip()[:2000], m.remedy or "", rank, t,
+                         after_stop=f.st.stop_at is not None)
+            # Bounded (a log of a million errors): past MAX_FATAL only a better rank joins.
+            if len(f.fatal) < MAX_FATAL or _RANK[rank] < min(_RANK[x.rank] for x in f.fatal):
+                f.fatal.append(item)
             continue
         if m.kind == "serving":
             if f.st.serving_at is None:
@@ -534,8 +538,7 @@ def step(
 def _stop(st: WatchState, snap: Snapshot) -> str | None:
     """The proof of an orderly stop by someone else, or None. A failure that came first
     wins: vLLM stops itself after a fatal error (SIGTERM to its own PID)."""
-    first_fatal = min((f.at for f in st.fatal), default=None)
-    if st.stop_at is not None and (first_fatal is None or first_fatal > st.stop_at):
+    if st.stop_at is not None and all(f.after_stop for f in st.fatal):
         return f"stopped: {st.stop_line}"
     if st.fatal:
         return None

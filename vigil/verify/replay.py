@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import calendar
 import json
+import math
 import re
-from collections.abc import Iterable, Sequence
+import stat
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -76,10 +78,46 @@ def split_log_line(raw: str, *, year: int = DEFAULT_YEAR) -> tuple[float | None,
     return None, raw
 
 
-def snapshots_from_log(lines: Iterable[str], *, year: int = DEFAULT_YEAR) -> list[Snapshot]:
-    """One snapshot per distinct second of the log; lines without a stamp (tracebacks,
-    tqdm, uvicorn) take the time of the line before them."""
-    groups: list[tuple[float, list[LogLine]]] = []
+# Bounds that keep memory independent of the file: a longer line is cut (vLLM's longest
+# real lines, the engine config, are a few KiB), a snapshot holds at most this many lines,
+# and lines before the first timestamp are flushed in blocks.
+MAX_LINE = 64 * 1024
+MAX_LINES_PER_SNAPSHOT = 2000
+_CHUNK = 1 << 20
+MAX_EPOCH_S = 253402300799.0  # 9999-12-31: later stamps are not journald's
+
+
+def _lines(path: Path) -> Iterator[str]:
+    """The file's lines, read in bounded chunks; each line cut at MAX_LINE characters."""
+    with path.open("r", encoding="utf-8", errors="replace", newline="") as fh:
+        buf = ""
+        dropping = False
+        while True:
+            chunk = fh.read(_CHUNK)
+            if not chunk:
+                break
+            buf += chunk
+            parts = re.split(r"\r\n|\n", buf)
+            buf = parts.pop()
+            for part in parts:
+                if dropping:
+                    dropping = False
+                    continue
+                yield part[:MAX_LINE]
+            if len(buf) > MAX_LINE:
+                if not dropping:
+                    yield buf[:MAX_LINE]
+                dropping = True
+                buf = ""
+        if buf and not dropping:
+            yield buf[:MAX_LINE]
+
+
+def snapshots_from_log(lines: Iterable[str], *, year: int = DEFAULT_YEAR) -> Iterator[Snapshot]:
+    """One snapshot per distinct second of the log (streamed); lines without a stamp
+    (tracebacks, tqdm, uvicorn) take the time of the line before them."""
+    cur_t: float | None = None
+    cur: list[LogLine] = []
     last: float | None = None
     pending: list[str] = []  # lines before the first stamped line
     for raw in lines:
@@ -92,111 +130,191 @@ def snapshots_from_log(lines: Iterable[str], *, year: int = DEFAULT_YEAR) -> lis
             last = t if last is None else max(last, t)  # never backwards
         if last is None:
             pending.append(text)
+            if len(pending) >= MAX_LINES_PER_SNAPSHOT:  # no stamp yet: t=0, in blocks
+                yield Snapshot(time=0.0, journal=Journal(lines=tuple(
+                    LogLine(us=0, text=p) for p in pending)))
+                pending = []
             continue
         if pending:
-            groups.append((last, [LogLine(us=int(last * 1e6), text=p) for p in pending]))
+            yield Snapshot(time=last, journal=Journal(lines=tuple(
+                LogLine(us=int(last * 1e6), text=p) for p in pending)))
             pending = []
-        if not groups or groups[-1][0] != last:
-            groups.append((last, []))
-        groups[-1][1].append(LogLine(us=int(last * 1e6), text=text))
+        if cur and (cur_t != last or len(cur) >= MAX_LINES_PER_SNAPSHOT):
+            yield Snapshot(time=cur_t or 0.0, journal=Journal(lines=tuple(cur)))
+            cur = []
+        cur_t = last
+        cur.append(LogLine(us=int(last * 1e6), text=text))
+    if cur:
+        yield Snapshot(time=cur_t or 0.0, journal=Journal(lines=tuple(cur)))
     if pending:  # a log without a single timestamp: one snapshot at t=0
-        groups.append((0.0, [LogLine(us=0, text=p) for p in pending]))
-    return [Snapshot(time=t, journal=Journal(lines=tuple(ls))) for t, ls in groups]
+        yield Snapshot(time=0.0, journal=Journal(lines=tuple(LogLine(us=0, text=p)
+                                                              for p in pending)))
 
 
-def snapshots_from_journal_json(records: Iterable[dict[str, Any]]) -> list[Snapshot]:
-    lines: list[str] = []
-    for rec in records:
-        msg = rec.get("MESSAGE")
-        if isinstance(msg, list):
-            msg = bytes(int(b) & 0xFF for b in msg).decode("utf-8", "replace")
-        if not isinstance(msg, str):
+def _realtime_us(raw: object, where: str, file: str) -> int:
+    """journald's __REALTIME_TIMESTAMP (µs since the epoch, a decimal string)."""
+    fix = "__REALTIME_TIMESTAMP is microseconds since the epoch, e.g. \"1764410400000000\""
+    if isinstance(raw, bool) or not isinstance(raw, (str, int)):
+        raise ConfigError(f"__REALTIME_TIMESTAMP {str(raw)[:40]!r} is not an integer",
+                          file=file, key=where, fix=fix)
+    text = str(raw).strip()
+    if not text.isdigit() or len(text) > 17 or int(text) / 1e6 > MAX_EPOCH_S:
+        raise ConfigError(f"__REALTIME_TIMESTAMP {text[:40]!r} is not microseconds since the "
+                          "epoch", file=file, key=where, fix=fix)
+    return int(text)
+
+
+def _message(raw: object, where: str, file: str) -> str | None:
+    if isinstance(raw, str):
+        return raw
+    if isinstance(raw, list):
+        # journald gives non-UTF-8 or binary messages as a list of byte values.
+        if not all(isinstance(b, int) and not isinstance(b, bool) and 0 <= b <= 255
+                   for b in raw):
+            raise ConfigError("MESSAGE is a list but not of byte values (0-255)", file=file,
+                              key=where, fix="journalctl -o json writes MESSAGE as a string "
+                              "or a list of byte values")
+        return bytes(raw).decode("utf-8", "replace")[:MAX_LINE]
+    return None
+
+
+def snapshots_from_journal_json(
+    records: Iterable[dict[str, Any]], *, file: str = "<journal>"
+) -> Iterator[Snapshot]:
+    cur_s: int | None = None
+    cur: list[LogLine] = []
+    for n, rec in enumerate(records, 1):
+        where = f"record {n}"
+        msg = _message(rec.get("MESSAGE"), where, file)
+        if msg is None:
             continue
-        us = int(rec.get("__REALTIME_TIMESTAMP", 0) or 0)
+        us = _realtime_us(rec.get("__REALTIME_TIMESTAMP", 0) or 0, where, file)
         for part in msg.splitlines() or [""]:
-            lines.append(f"{us}\t{part}")
-    snaps: list[Snapshot] = []
-    for entry in lines:
-        us_s, text = entry.split("\t", 1)
-        t = int(us_s) / 1e6
-        line = LogLine(us=int(us_s), text=text)
-        if snaps and int(snaps[-1].time) == int(t):
-            prev = snaps[-1]
-            snaps[-1] = prev.model_copy(
-                update={"journal": Journal(lines=(*prev.journal.lines, line))}
-            )
-        else:
-            snaps.append(Snapshot(time=t, journal=Journal(lines=(line,))))
-    return snaps
+            sec = us // 1_000_000
+            if cur and (sec != cur_s or len(cur) >= MAX_LINES_PER_SNAPSHOT):
+                yield Snapshot(time=cur[0].us / 1e6, journal=Journal(lines=tuple(cur)))
+                cur = []
+            cur_s = sec
+            cur.append(LogLine(us=us, text=part[:MAX_LINE]))
+    if cur:
+        yield Snapshot(time=cur[0].us / 1e6, journal=Journal(lines=tuple(cur)))
 
 
-def load(path: str | Path) -> tuple[str, list[Snapshot]]:
-    """Read a trace, a journal JSON export or a plain log: (kind, snapshots)."""
-    p = Path(path)
+def _json_line(line: str, n: int, file: str) -> object:
     try:
-        text = p.read_text(encoding="utf-8", errors="replace")
+        return json.loads(line)
+    except RecursionError:
+        raise ConfigError("JSON nested too deep", file=file, key=f"line {n}",
+                          fix="pass a vigil trace, a journalctl -o json export or a plain "
+                          "log") from None
+    except ValueError as exc:
+        raise ConfigError(f"bad JSON: {exc}", file=file, key=f"line {n}") from None
+
+
+def _check_snapshot(snap: Snapshot, n: int, file: str) -> Snapshot:
+    bad = not math.isfinite(snap.time) or not 0 <= snap.time <= MAX_EPOCH_S
+    bad = bad or any(not 0 <= ln.us <= MAX_EPOCH_S * 1e6 for ln in snap.journal.lines)
+    if bad:
+        raise ConfigError(f"time {snap.time!r} is not seconds since the epoch", file=file,
+                          key=f"line {n}", fix="a trace has one snapshot JSON object per "
+                          "line, as `verify` writes them")
+    return snap
+
+
+def _open_checked(p: Path) -> None:
+    try:
+        st = p.stat()
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror or exc}", file=str(p)) from None
-    lines = text.splitlines()
-    first = next((ln for ln in lines if ln.strip()), "")
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError("not a regular file (a device, FIFO or directory)", file=str(p),
+                          fix="save the log to a file first, e.g. journalctl -u UNIT "
+                          "-o short-iso > start.log")
+
+
+def stream(path: str | Path) -> tuple[str, Iterator[Snapshot]]:
+    """Detect the input kind and stream its snapshots: (kind, snapshots). Memory stays
+    bounded whatever the file's size."""
+    p = Path(path)
+    _open_checked(p)
+    file = str(p)
+    first = ""
+    try:
+        for ln in _lines(p):
+            if ln.strip():
+                first = ln
+                break
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror or exc}", file=file) from None
     obj: object = None
     if first.lstrip().startswith("{"):
         try:
             obj = json.loads(first)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             obj = None
     if isinstance(obj, dict) and "time" in obj:
-        snaps: list[Snapshot] = []
-        for n, ln in enumerate(lines, 1):
-            if not ln.strip():
-                continue
-            try:
-                snaps.append(Snapshot.from_json(ln))
-            except ValueError as exc:
-                raise ConfigError(str(exc), file=str(p), key=f"line {n}",
-                                  fix="a trace has one snapshot JSON object per line") from None
-        return "trace", snaps
+        return "trace", _trace(p, file)
     if isinstance(obj, dict) and "MESSAGE" in obj:
-        records: list[dict[str, Any]] = []
-        for n, ln in enumerate(lines, 1):
-            if not ln.strip():
-                continue
-            try:
-                rec = json.loads(ln)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"bad JSON: {exc.msg}", file=str(p), key=f"line {n}") from None
-            if isinstance(rec, dict):
-                records.append(rec)
-        return "journal-json", snapshots_from_journal_json(records)
-    snaps = snapshots_from_log(lines)
-    if not snaps:
-        raise ConfigError("no log lines in the file", file=str(p),
+        return "journal-json", snapshots_from_journal_json(_records(p, file), file=file)
+    return "log", snapshots_from_log(_lines(p))
+
+
+def _trace(p: Path, file: str) -> Iterator[Snapshot]:
+    for n, ln in enumerate(_lines(p), 1):
+        if not ln.strip():
+            continue
+        try:
+            snap = Snapshot.from_json(ln)
+        except (ValueError, RecursionError) as exc:
+            raise ConfigError(str(exc)[:300], file=file, key=f"line {n}",
+                              fix="a trace has one snapshot JSON object per line") from None
+        yield _check_snapshot(snap, n, file)
+
+
+def _records(p: Path, file: str) -> Iterator[dict[str, Any]]:
+    for n, ln in enumerate(_lines(p), 1):
+        if not ln.strip():
+            continue
+        rec = _json_line(ln, n, file)
+        if isinstance(rec, dict):
+            yield rec
+
+
+def load(path: str | Path) -> tuple[str, list[Snapshot]]:
+    """Read a trace, a journal JSON export or a plain log: (kind, snapshots)."""
+    kind, snaps = stream(path)
+    out = list(snaps)
+    if not out:
+        raise ConfigError("no log lines in the file", file=str(path),
                           fix="pass a trace (JSONL) or a vLLM log / journal dump")
-    return "log", snaps
+    return kind, out
 
 
 def run(
-    snapshots: Sequence[Snapshot], budgets: Budgets | None = None, *, log_only: bool = False
+    snapshots: Iterable[Snapshot], budgets: Budgets | None = None, *, log_only: bool = False
 ) -> reducer.WatchState:
-    """Fold snapshots through the reducer; for a plain log, settle `ready` at the end
-    when the log reached `Application startup complete.` with no fatal error after it."""
+    """Fold snapshots through the reducer. From a plain log, ready is decided when the
+    serving evidence appears and later lines may revoke it; budgets only annotate."""
     b = budgets or Budgets()
     state = reducer.initial()
     for snap in snapshots:
         state = reducer.step(state, snap, b, log_only=log_only)
-    if log_only and state.verdict not in reducer.TERMINAL and state.startup_complete:
-        state = reducer.ready_from_log(state, b)
     return state
 
 
 def replay(
-    snapshots: Sequence[Snapshot], budgets: Budgets | None = None, *, kind: str = "trace"
+    snapshots: Iterable[Snapshot], budgets: Budgets | None = None, *, kind: str = "trace",
+    file: str | None = None,
 ) -> dict[str, Any]:
     log_only = kind != "trace"
-    state = run(snapshots, budgets, log_only=log_only)
+    counted = _Counted(snapshots)
+    state = run(counted, budgets, log_only=log_only)
+    if counted.n == 0:
+        raise ConfigError("no log lines in the file", file=file,
+                          fix="pass a trace (JSONL) or a vLLM log / journal dump")
     out: dict[str, Any] = dict(reducer.report(state))
     out["source"] = kind
-    out["snapshots"] = len(snapshots)
+    out["snapshots"] = counted.n
     if log_only and state.verdict == "ready":
         out["note"] = ("replayed from a plain log: ready means serving evidence (requests "
                        "answered, throughput lines, `Application startup complete.`) with "
@@ -209,10 +327,23 @@ def replay(
     return out
 
 
+class _Counted:
+    """Counts the snapshots that stream through, without keeping them."""
+
+    def __init__(self, items: Iterable[Snapshot]) -> None:
+        self.items = items
+        self.n = 0
+
+    def __iter__(self) -> Iterator[Snapshot]:
+        for item in self.items:
+            self.n += 1
+            yield item
+
+
 def replay_file(path: str | Path, budgets: Budgets | None = None) -> dict[str, Any]:
-    """`invoke replay FILE --json` prints this."""
-    kind, snaps = load(path)
-    return replay(snaps, budgets, kind=kind)
+    """`invoke replay FILE --json` prints this. Streams: memory does not grow with the file."""
+    kind, snaps = stream(path)
+    return replay(snaps, budgets, kind=kind, file=str(path))
 
 
 def write_trace(path: str | Path, snapshots: Iterable[Snapshot]) -> None:
