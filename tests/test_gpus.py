@@ -1,133 +1,441 @@
-"""GPU facts from NVML / nvidia-smi readings (fixtures composed from the documented
-formats, see tests/fixtures/gpus/README.md) and the preflight refusals built on them."""
+"""GPU facts from real published nvidia-smi / kernel-log outputs (tests/fixtures/gpus, each
+with its source in the README there) and the preflight refusals built on them."""
 
 from __future__ import annotations
 
-import json
+import os
+import stat
+from dataclasses import replace
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.test_plan import facts_for, target
-from vigil.deploy.facts import HostFacts
-from vigil.deploy.gpus import GIB, MIB, GpuParseError, from_agent, parse_nvml, parse_smi
-from vigil.deploy.plan import make_plan
+from vigil.deploy.gpucheck import (
+    MIN_DRIVER,
+    GpuPolicy,
+    arch_problems,
+    driver_problems,
+    health_lines,
+    health_problems,
+    installed_arch_problems,
+    runs_on,
+    visible_devices_problems,
+)
+from vigil.deploy.gpus import (
+    MIB,
+    GpuFacts,
+    GpuParseError,
+    from_agent,
+    parse_mig_list,
+    parse_query_csv,
+    parse_smi,
+    parse_smi_xml,
+    parse_xids,
+)
 from vigil.deploy.preflight import check_host, problems, stale_gpu_processes
+from vigil.desired.config import Stack
 from vigil.errors import HostError, RefusedError
+from vigil.host import agent
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "gpus"
-SERVICE = list(range(41001, 41009))
 
 
-def nvml() -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((FIX / "nvml_8x_rtx_pro_6000_stale.json").read_text())
-    return data
-
-
-def smi(name: str) -> str:
+def text(name: str) -> str:
     return (FIX / name).read_text()
 
 
-def test_nvml_reading() -> None:
-    g = parse_nvml(nvml())
-    assert (g.source, g.count, g.driver) == ("nvml", 8, "580.95.05")
-    assert {x.name for x in g.gpus} == {"NVIDIA RTX PRO 6000 Blackwell Server Edition"}
-    assert g.gpus[0].memory_total_bytes == 97887 * MIB
-    assert g.gpus[3].memory_used_bytes == (30720 + 612 + 62464) * MIB
-    assert [p.pid for p in g.gpus[3].processes] == [41004, 38817]
+def capture(name: str) -> dict[str, Any]:
+    """A capture as the agent would send it: nvidia-smi found, NVML not importable."""
+    d = FIX / name
+    raw: dict[str, Any] = {"nvml": None, "nvml_error": "import pynvml: No module named 'pynvml'"}
+    for key, file in (("smi_gpus", "query_gpu.csv"), ("smi_apps", "compute_apps.csv"),
+                      ("smi_list", "list.txt")):
+        raw[key] = (d / file).read_text() if (d / file).exists() else None
+    return raw
 
 
-def test_nvidia_smi_reading_matches_nvml() -> None:
-    g = parse_smi(smi("smi_query_gpu_8x.csv"), smi("smi_compute_apps_8x.csv"))
-    n = parse_nvml(nvml())
-    assert g.source == "nvidia-smi" and g.count == 8
-    assert [(x.index, x.uuid, x.memory_total_bytes, x.memory_used_bytes) for x in g.gpus] == \
-        [(x.index, x.uuid, x.memory_total_bytes, x.memory_used_bytes) for x in n.gpus]
-    gpu0 = {p.pid: p for p in g.gpus[0].processes}
-    assert gpu0[40990].used_bytes is None  # "[N/A]"
-    assert gpu0[41001].name == "/opt/vigil/envs/current/bin/python"
+# name, GPUs, driver, sm, MiB total, MiB used (GPU 0), persistence, MIG, MIG devices,
+# processes on GPU 0, first process's MiB (None: "[N/A]")
+CAPTURES = [
+    ("h100", 1, "590.48.01", "sm_90", 81559, 19818, True, False, 0, 3, 2566),
+    ("h100_mig", 1, "590.48.01", "sm_90", 81559, 11125, True, True, 4, 3, 2296),
+    ("h200", 1, "590.48.01", "sm_90", 143771, 32362, True, False, 0, 3, 2566),
+    ("h200_mig", 1, "590.48.01", "sm_90", 143771, 16959, True, True, 5, 3, 2194),
+    ("l40s", 1, "595.80", "sm_89", 46068, 1235, False, None, 0, 2, 538),
+    ("rtx4080super", 1, "595.71.05", "sm_89", 16376, 1474, False, None, 0, 3, 25),
+    ("rtx2080super_r610", 1, "610.57.04", "sm_75", 8192, 815, False, None, 0, 2, 370),
+    ("rtx2080super_wddm", 1, "610.62", "sm_75", 8192, 1366, None, None, 0, 21, None),
+    ("rtx_pro_6000_x9", 9, "580.65.06", "sm_120", 97887, 0, None, None, 0, 0, None),
+    ("b200_x8", 8, None, "sm_100", 0, 0, None, None, 0, 0, None),
+]
 
 
-def test_stale_holders_are_the_processes_outside_the_service() -> None:
-    raw = {"nvml": nvml(), "cmdlines": {"38817": "VLLM::Worker_TP3"}}
-    facts = facts_for(target(), gpus=raw, service_pids=SERVICE)
-    (stale,) = stale_gpu_processes(facts)
-    assert (stale.pid, stale.gpus, stale.used_bytes) == (38817, (3,), 62464 * MIB)
-    assert stale.describe() == "pid 38817 holds 61.0 GiB on GPU 3: VLLM::Worker_TP3"
-    # through nvidia-smi a process with unknown memory is a holder too
-    via_smi = facts_for(target(), gpus={"nvml": None, "nvml_error": "import pynvml: No module",
-                                        "smi_gpus": smi("smi_query_gpu_8x.csv"),
-                                        "smi_apps": smi("smi_compute_apps_8x.csv")},
-                        service_pids=SERVICE)
-    assert [(s.pid, s.describe().split(": ")[0]) for s in stale_gpu_processes(via_smi)] == [
-        (38817, "pid 38817 holds 61.0 GiB on GPU 3"), (40990, "pid 40990 holds ? GiB on GPU 0")]
-    assert via_smi.gpus.error == "import pynvml: No module"
+@pytest.mark.parametrize(("name", "count", "driver", "sm", "total", "used", "persistence",
+                          "mig", "mig_devices", "procs", "first_mib"), CAPTURES)
+def test_every_real_capture_parses(name: str, count: int, driver: str | None, sm: str,
+                                   total: int, used: int, persistence: bool | None,
+                                   mig: bool | None, mig_devices: int, procs: int,
+                                   first_mib: int | None) -> None:
+    g = from_agent(capture(name))
+    assert (g.source, g.count, g.driver) == ("nvidia-smi", count, driver)
+    assert [x.index for x in g.gpus] == list(range(count))
+    gpu = g.gpus[0]
+    assert (gpu.sm, gpu.memory_total_bytes, gpu.memory_used_bytes) == (sm, total * MIB,
+                                                                      used * MIB)
+    assert (gpu.persistence, gpu.mig, len(gpu.mig_devices)) == (persistence, mig, mig_devices)
+    assert len(gpu.processes) == procs
+    if procs:
+        first = gpu.processes[0]
+        assert first.used_bytes == (None if first_mib is None else first_mib * MIB)
+    assert g.error == "import pynvml: No module named 'pynvml'"
 
 
-def test_stale_gpu_memory_is_refused_with_evidence_and_kill_stale_ends_it() -> None:
-    t = target()
-    facts = facts_for(t, gpus={"nvml": nvml(), "cmdlines": {"38817": "VLLM::Worker_TP3"}},
-                      service_pids=SERVICE)
-    with pytest.raises(RefusedError) as err:
-        check_host("llm-one", t.profile, t.rendered, facts)
-    text = str(err.value)
-    assert "GPU memory is held by 1 process(es) outside vllm.service" in text
-    assert "pid 38817 holds 61.0 GiB on GPU 3: VLLM::Worker_TP3" in text
-    assert "--kill-stale" in text
-    check_host("llm-one", t.profile, t.rendered, facts, kill_stale=True)  # no refusal
-    plan = make_plan("llm-one", t.stack, t.rendered, facts, kill_pids=(38817,))
-    kinds = [a.kind for a in plan.actions]
-    assert "kill" in kinds and plan.actions[kinds.index("kill")].payload == {"pids": [38817]}
-    # without --kill-stale nothing kills
-    assert "kill" not in [a.kind for a in make_plan("llm-one", t.stack, t.rendered,
-                                                    facts).actions]
+def test_health_fields_of_the_datacenter_captures() -> None:
+    h100 = from_agent(capture("h100")).gpus[0]
+    assert (h100.ecc_uncorrected, h100.retired_pages_pending, h100.remap_pending,
+            h100.remap_failure, h100.bus_id) == (0, None, False, False, "00000000:00:09.0")
+    # in MIG mode the driver reports no remap state: unknown, not "no"
+    assert from_agent(capture("h100_mig")).gpus[0].remap_pending is None
+    # consumer cards have no ECC: unknown
+    assert from_agent(capture("rtx4080super")).gpus[0].ecc_uncorrected is None
 
 
-def test_too_few_gpus_and_a_cpu_host_are_refused() -> None:
-    t = target()  # glm-5: tensor_parallel_size 8
-    four = nvml()
-    four["gpus"] = four["gpus"][:4]
-    with pytest.raises(RefusedError, match=r"= 8 GPUs; the host shows 4 \(via nvml\)"):
-        check_host("llm-one", t.profile, t.rendered,
-                   facts_for(t, gpus={"nvml": four}, service_pids=SERVICE))
-    cpu = facts_for(t, gpus={"nvml": None, "nvml_error": "nvmlInit: Driver Not Loaded",
-                             "smi_gpus": None, "smi_apps": None})
-    with pytest.raises(RefusedError, match=r"shows 0 \(via none\) \(NVML: nvmlInit: Driver"):
-        check_host("llm-one", t.profile, t.rendered, cpu)
+def test_mig_instances_from_nvidia_smi_list() -> None:
+    h100 = parse_mig_list(text("h100_mig/list.txt"))
+    assert [m.profile for m in h100[0]] == ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
+    assert h100[0][0].uuid == "MIG-00000000-0000-0000-0000-000000000000"
+    h200 = parse_mig_list(text("h200_mig/list.txt"))
+    assert [m.profile for m in h200[0]] == ["1c.3g.71gb", "2c.3g.71gb", "2g.35gb", "1g.18gb",
+                                            "1g.18gb"]
+    assert parse_mig_list(text("h100/list.txt")) == {0: ()}
 
 
-def _facts(**changes: Any) -> HostFacts:
-    # 38817 counted as the service's own here: these tests are about the model and the port
-    return facts_for(target(), gpus={"nvml": nvml()}, service_pids=[*SERVICE, 38817], **changes)
+def test_a_process_name_with_a_comma_and_a_windows_path_survive() -> None:
+    rows = parse_query_csv(text("rtx2080super_wddm/compute_apps.csv"), "compute-apps")
+    assert rows[0]["used_gpu_memory"] == "[N/A]"
+    assert rows[0]["process_name"] == r"C:\Windows\System32\dwm.exe"
+    odd = ("gpu_uuid, pid, process_name, used_gpu_memory [MiB]\n"
+           "GPU-1, 7, python -c a, b, 12 MiB\n")
+    assert parse_query_csv(odd, "x")[0]["process_name"] == "python -c a, b"
 
 
-def test_incomplete_model_and_taken_port_are_refused() -> None:
-    t = target()
-    missing = [f"model-{i:05d}-of-00083.safetensors" for i in (7, 8, 9, 40, 41, 82)]
-    f = _facts(model={"weights": {"index": True, "listed": 83, "present": 77,
-                                  "missing": missing}},
-               port={"listening": True, "owners": [{"pid": 5120, "cmdline": "python3 -m "
-                                                    "http.server 8000"}]})
-    found = [str(e) for e in problems("llm-one", t.profile, t.rendered, f)]
-    assert any("6 of 83 shards listed in model.safetensors.index.json are absent "
-               "(model-00007-of-00083.safetensors" in e and "and 1 more" in e for e in found)
-    assert any("port 8000 is taken by another process (pid 5120: python3 -m http.server 8000)"
-               in e for e in found)
-    # the service's own listener is not a conflict; an invisible one is
-    own = _facts(port={"listening": True, "owners": [{"pid": 41001, "cmdline": "vllm"}]})
-    assert problems("llm-one", t.profile, t.rendered, own) == []
-    hidden = _facts(port={"listening": True, "owners": []})
-    (e,) = problems("llm-one", t.profile, t.rendered, hidden)
-    assert "not visible from the host's PID namespace" in str(e)
+def test_xml_readings() -> None:
+    pro = parse_smi_xml(text("rtx_pro_6000_maxq.xml"))
+    (g,) = pro.gpus
+    assert (pro.driver, pro.cuda, g.name) == (
+        "590.44.01", "13.1", "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition")
+    assert (g.memory_total_bytes, g.memory_used_bytes) == (97887 * MIB, 65720 * MIB)
+    assert (g.persistence, g.mig, g.remap_pending, g.remap_failure) == (True, None, False, False)
+    assert [(p.pid, p.used_bytes, p.name) for p in g.processes] == [
+        (116860, 65710 * MIB, "/root/src/llama.cpp/build/bin/llama-server")]
+    a100 = parse_smi_xml(text("a100_sxm4.xml"))
+    (g,) = a100.gpus
+    assert (a100.driver, g.mig, g.ecc_uncorrected, g.bus_id) == (
+        "535.54.03", True, 0, "00000000:01:00.0")
+    assert [m.memory_total_bytes for m in g.mig_devices] == [19968 * MIB] * 4
+    mig = parse_smi_xml(text("a100_sxm4_mig.xml")).gpus[0]
+    assert (mig.mig, len(mig.mig_devices), mig.ecc_uncorrected) == (True, 2, None)  # N/A
+
+
+def test_kernel_log_xid_events() -> None:
+    events = parse_xids(text("kernel/dmesg_ctime_xid13_xid109.txt"))
+    assert [(e.pci, e.code) for e in events] == [("0000:cb:00", 13)] * 3 + [("0000:cb:00", 109)]
+    assert events[-1].time == datetime(2024, 8, 30, 11, 43, 14)
+    nvlink = parse_xids(text("kernel/kmsg_nvlink_xid149_xid145.txt"))
+    assert [(e.pci, e.code, e.time) for e in nvlink] == [
+        ("0019:01:00", 149, None), ("0000:00:00", 149, None), ("0018:01:00", 145, None)]
+    # the agent reads journalctl -k -o short-iso: the same real line behind that prefix
+    line = text("kernel/dmesg_ctime_xid13_xid109.txt").splitlines()[-1].split("] ", 1)[1]
+    (iso,) = parse_xids(f"2024-08-30T11:43:14+0200 node kernel: {line}")
+    assert iso.time is not None and iso.time.utcoffset() == timedelta(hours=2)
+    # a GPU that fell off the bus without an Xid line is Xid 79, matched to its GPU
+    h100 = from_agent(capture("h100")).gpus[0]
+    gpu_b3 = replace(h100, index=5, bus_id="00000000:B3:00.0")
+    (fallen,) = parse_xids(text("kernel/dmesg_fallen_off_bus_no_xid.txt"), [h100, gpu_b3])
+    assert (fallen.code, fallen.gpu, fallen.pci) == (79, 5, "0000:b3:00.0")
 
 
 def test_malformed_readings_are_one_clear_error() -> None:
-    with pytest.raises(GpuParseError, match="query-gpu line 1: expected 5 fields"):
-        parse_smi("0, NVIDIA H100, 81559\n", None)
+    with pytest.raises(GpuParseError, match="first line is not a CSV header"):
+        parse_smi("0, NVIDIA H100, GPU-1, 81559, 0\n")
+    with pytest.raises(GpuParseError, match="query-gpu line 2: expected 3 fields"):
+        parse_smi("index, name, memory.total\n0, NVIDIA H100\n")
     with pytest.raises(GpuParseError, match=r"GPU 0 memory\.total: expected MiB, got 'lots'"):
-        parse_smi("0, NVIDIA H100, GPU-1, lots, 0\n", None)
+        parse_smi("index, name, memory.total [MiB]\n0, NVIDIA H100, lots\n")
+    with pytest.raises(GpuParseError, match="not XML"):
+        parse_smi_xml("<nvidia_smi_log><gpu>")
     with pytest.raises(HostError, match="llm-one: cannot read its GPUs"):
         facts_for(target(), gpus={"nvml": {"gpus": [{"memory_total": "x"}]}})
     assert from_agent(None).source == "none" and from_agent(None).count == 0
-    assert round(62464 * MIB / GIB, 1) == 61.0
+
+
+# -- the agent, with nvidia-smi replaying real outputs ---------------------------------
+
+FAKE_SMI = """#!/bin/sh
+# replays a recorded nvidia-smi output per command (tests/fixtures/gpus)
+case "$1" in
+  --query-gpu=*compute_cap*) [ -n "$OLD_DRIVER" ] && { echo "$OLD_DRIVER"; exit 2; }
+                             cat "$FIX/query_gpu.csv" ;;
+  --query-gpu=*) cat "$FIX/query_gpu_base.csv" ;;
+  --query-compute-apps=*) cat "$FIX/compute_apps.csv" ;;
+  -L) cat "$FIX/list.txt" ;;
+  -q) cat "$FIX/smi.xml" ;;
+  *) exit 9 ;;
+esac
+"""
+
+
+def fake_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> Path:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(FAKE_SMI)
+    smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
+    data = tmp_path / "data"
+    data.mkdir()
+    for f in (FIX / name).iterdir():
+        (data / f.name).write_text(f.read_text())
+    # the plain fields of the same recorded rows (nvidia-smi projects any field subset)
+    rows = parse_query_csv(text(f"{name}/query_gpu.csv"), "x")
+    fields = agent.SMI_FACT_FIELDS.split(",")
+    units = {"memory.total": " [MiB]", "memory.used": " [MiB]"}
+    (data / "query_gpu_base.csv").write_text(
+        ", ".join(f + units.get(f, "") for f in fields) + "\n"
+        + "".join(", ".join(r[f] for f in fields) + "\n" for r in rows))
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FIX", str(data))
+    return data
+
+
+def test_agent_reads_nvidia_smi_by_field_name(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_smi(tmp_path, monkeypatch, "h100_mig")
+    raw = agent.gpu_facts(str(tmp_path / "no-env" / "python"))
+    g = from_agent(raw)
+    assert (g.source, g.driver, g.gpus[0].sm, len(g.gpus[0].mig_devices)) == (
+        "nvidia-smi", "590.48.01", "sm_90", 4)
+    assert sorted(raw["cmdlines"]) == ["21180", "21181", "21198"]
+    assert "smi_xml" not in raw
+
+
+def test_an_old_driver_rejecting_a_field_gets_plain_fields_and_the_xml(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = fake_smi(tmp_path, monkeypatch, "h100")
+    (data / "smi.xml").write_text(text("a100_sxm4_mig.xml"))
+    # the message a 470 driver prints (huggingface/candle#733)
+    monkeypatch.setenv("OLD_DRIVER", 'Field "compute_cap" is not a valid field to query.')
+    raw = agent.gpu_facts(str(tmp_path / "no-env" / "python"))
+    assert raw["smi_xml"] is not None
+    g = from_agent(raw)
+    # identity from the CSV; health filled from the XML where the CSV had none
+    assert (g.gpus[0].name, g.gpus[0].sm, g.gpus[0].mig) == ("NVIDIA H100 80GB HBM3", None, True)
+
+
+# -- stale holders -----------------------------------------------------------------------
+
+
+def test_stale_holders_from_real_process_lists() -> None:
+    # the H100 capture under load: gpu_burn (as "the service") and two memhogs beside it
+    facts = facts_for(target(), gpus=capture("h100"), service_pids=[11345])
+    assert [s.describe() for s in stale_gpu_processes(facts)] == [
+        "pid 11327 holds 2.5 GiB on GPU 0: (command unknown)",
+        "pid 11328 holds 1.5 GiB on GPU 0: (command unknown)"]
+    # WDDM reports no per-process memory: "[N/A]" is a holder of unknown size
+    wddm = facts_for(target(), gpus=capture("rtx2080super_wddm"), service_pids=[])
+    assert stale_gpu_processes(wddm)[0].describe().startswith("pid 2140 holds ? GiB on GPU 0")
+
+
+def test_stale_gpu_memory_is_refused_and_kill_stale_allows_it() -> None:
+    t = target()
+    eight = capture("h100")
+    facts = facts_for(t, gpus=eight, service_pids=[11345])
+    found = [str(e) for e in problems("llm-one", t.profile, t.rendered, facts)]
+    assert any("GPU memory is held by 2 process(es) outside vllm.service" in e for e in found)
+    assert not any("held by" in str(e) for e in problems(
+        "llm-one", t.profile, t.rendered, facts, kill_stale=True))
+
+
+# -- the stack fits the hardware ----------------------------------------------------------
+
+TORCH_26_CU124 = Stack(
+    name="old-torch", packages={"vllm": "0.8.5", "torch": "2.6.0+cu124"}, cuda="12.4",
+    # torch's own list on an RTX PRO 6000 (xorbitsai/inference#3866)
+    gpu_archs={"torch": ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]})
+
+
+def test_sm120_gpus_and_a_torch_without_sm120_kernels_are_refused() -> None:
+    gpus = from_agent(capture("rtx_pro_6000_x9"))
+    (err,) = arch_problems("llm-one", TORCH_26_CU124, list(gpus.gpus))
+    assert str(err.message) == (
+        "llm-one: GPU 0..8 are sm_120 (NVIDIA RTX PRO 6000 Blackwell Server Edition); torch "
+        "2.6.0+cu124, CUDA 12.4 has kernels up to sm_90 (sm_50 sm_60 sm_70 sm_75 sm_80 sm_86 "
+        "sm_90)")
+    assert "pin a torch build that carries sm_120" in str(err) and "cu128+" in str(err)
+    # the repo's Blackwell stack carries sm_100 and sm_120: B200 and RTX PRO 6000 both fit
+    t = target()
+    assert t.stack.cuda == "12.9" and "sm_120" in t.stack.gpu_archs["torch"]
+    for name in ("rtx_pro_6000_x9", "b200_x8", "h100", "l40s"):
+        assert arch_problems("h", t.stack, list(from_agent(capture(name)).gpus)) == [], name
+
+
+def test_architecture_compatibility_rules() -> None:
+    assert runs_on(["sm_80"], "sm_89")          # same major, newer minor: SASS runs
+    assert not runs_on(["sm_90"], "sm_100")     # no SASS across majors
+    assert runs_on(["compute_90"], "sm_120")    # PTX is JIT-compiled for newer GPUs
+    assert not runs_on(["compute_100"], "sm_90")
+    assert runs_on(["sm_90a"], "sm_90") and not runs_on(["sm_100a"], "sm_120")
+
+
+def test_a_driver_older_than_the_stacks_cuda_is_refused() -> None:
+    gpus = from_agent(capture("rtx_pro_6000_x9"))  # driver 580.65.06
+    cu131 = TORCH_26_CU124.model_copy(update={"cuda": "13.1"})
+    (err,) = driver_problems("llm-one", cu131, gpus)
+    assert str(err.message) == ("llm-one: driver 580.65.06 is older than 590.44.01, the "
+                                "minimum for CUDA 13.1, which stack old-torch is built for")
+    assert driver_problems("llm-one", target().stack, gpus) == []  # 12.9 needs 575.51.03
+    # a CUDA newer than the table asks for at least the newest known driver
+    future = TORCH_26_CU124.model_copy(update={"cuda": "13.9"})
+    assert "older than 590.44.01" in str(driver_problems("h", future, gpus)[0])
+    assert list(MIN_DRIVER) == sorted(MIN_DRIVER, key=lambda v: tuple(map(int, v.split("."))))
+
+
+def test_cuda_visible_devices_naming_absent_gpus_is_refused() -> None:
+    gpus = from_agent(capture("rtx_pro_6000_x9"))
+    (err,) = visible_devices_problems("llm-one", {"CUDA_VISIBLE_DEVICES": "0,1,12"}, gpus)
+    assert "CUDA_VISIBLE_DEVICES=0,1,12 names 12, which the host does not have (GPUs 0..8" \
+        in str(err)
+    assert visible_devices_problems("h", {"CUDA_VISIBLE_DEVICES": "8,0"}, gpus) == []
+    mig = from_agent(capture("h100_mig"))
+    uuid = mig.gpus[0].mig_devices[1].uuid or ""
+    assert visible_devices_problems("h", {"CUDA_VISIBLE_DEVICES": uuid}, mig) == []
+    # through preflight: the profile's env reaches r.env
+    t = target("env={'CUDA_VISIBLE_DEVICES': '0,1,2,3,4,5,6,9'}")
+    eight = capture("b200_x8")
+    found = problems("llm-one", t.profile, t.rendered, facts_for(t, gpus=eight),
+                     stack=t.stack)
+    assert any("names 9" in str(e) for e in found)
+
+
+# -- health -------------------------------------------------------------------------------
+
+
+def test_mig_mode_is_refused_with_the_instances_and_policy_can_allow_it() -> None:
+    gpus = from_agent(capture("h100_mig"))
+    (err,) = health_problems("llm-one", gpus, GpuPolicy(), need=1)
+    assert ("MIG is enabled (GPU 0: 4 instance(s) (3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb)); a "
+            "CUDA process sees one MIG instance") in str(err)
+    assert health_problems("llm-one", gpus, GpuPolicy(refuse_mig=False), need=1) == []
+    lines = health_lines(gpus, GpuPolicy())
+    assert lines[0] == ("GPU 0: sm_90; persistence on; MIG on; ECC uncorrected 0; pending: "
+                        "none; 4 MIG instance(s): 3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb")
+    assert lines[-1] == "Xid events: kernel log not read"
+
+
+def test_ecc_and_pending_remaps_are_refused() -> None:
+    # No published CSV/XML with these set was found (README): one field of the real H100
+    # reading is flipped to what the driver prints then.
+    real = from_agent(capture("h100"))
+    assert health_problems("h", real, GpuPolicy(), need=1) == []
+    bad = replace(real, gpus=(replace(real.gpus[0], ecc_uncorrected=4, remap_pending=True),))
+    ecc, remap = health_problems("h", bad, GpuPolicy(), need=1)
+    assert "uncorrectable ECC errors since the driver loaded: GPU 0: 4" in str(ecc)
+    assert "GPU 0: row remap pending" in str(remap)
+    assert health_problems("h", bad, GpuPolicy(refuse_ecc_uncorrected=False,
+                                               refuse_pending_retirement=False), need=1) == []
+    persist = from_agent(capture("l40s"))  # persistence mode off
+    assert health_problems("h", persist, GpuPolicy(), need=1) == []
+    (off,) = health_problems("h", persist, GpuPolicy(require_persistence=True), need=1)
+    assert "persistence mode is off on GPU 0" in str(off)
+
+
+def test_recent_xid_events_are_refused_old_ones_only_shown() -> None:
+    base = from_agent(capture("h100"))
+    log = text("kernel/dmesg_ctime_xid13_xid109.txt") + text(
+        "kernel/dmesg_fallen_off_bus_no_xid.txt")
+    raw = {**capture("h100"), "kernel": log, "kernel_source": "dmesg",
+           "now": "2024-08-30T12:00:00+00:00"}
+    gpus = from_agent(raw)
+    assert [e.code for e in gpus.xids] == [13, 13, 13, 109, 79]
+    (err,) = health_problems("llm-one", gpus, GpuPolicy(), need=1)
+    # 13 and 109 are application faults (shown); 79 has no time, so it counts as recent
+    assert "1 Xid event(s) in the last 24 h (dmesg)" in str(err)
+    assert "NVRM: The NVIDIA GPU 0000:b3:00.0" in str(err)
+    only_old = from_agent({**raw, "kernel": text("kernel/dmesg_ctime_xid13_xid109.txt"),
+                           "now": "2024-09-02T12:00:00+00:00"})
+    strict = GpuPolicy(refuse_xids=frozenset({13, 109}))
+    assert health_problems("h", only_old, strict, need=1) == []  # 3 days old
+    (recent,) = health_problems("h", replace(only_old, now=datetime(2024, 8, 30, 12, 0)),
+                                strict, need=1)
+    assert "4 Xid event(s)" in str(recent)
+    assert health_lines(gpus, GpuPolicy())[-1] == (
+        "Xid events in the last 24 h (dmesg): 5 (Xid 13, 79, 109)")
+    assert base.kernel_log is None
+
+
+def test_policy_comes_from_the_host_variables() -> None:
+    t = target("gpu_refuse_mig=false", "gpu_xid_window_h=72", "gpu_refuse_xids=[79]")
+    policy = GpuPolicy.of(t.vars)
+    assert (policy.refuse_mig, policy.xid_window, policy.refuse_xids) == (
+        False, timedelta(hours=72), frozenset({79}))
+    assert GpuPolicy.of(target().vars) == GpuPolicy()
+
+
+def test_preflight_refuses_an_unfit_host_with_its_evidence() -> None:
+    t = target()
+    facts = facts_for(t, gpus=capture("h100_mig"))
+    old = t.stack.model_copy(update={"cuda": "13.1"})
+    with pytest.raises(RefusedError) as err:
+        check_host("llm-one", t.profile, t.rendered, facts, stack=old, kill_stale=True)
+    # first refusal met: too few GPUs (8 needed); the GPU checks follow in problems()
+    assert "the host shows 1" in str(err.value)
+    found = [str(e) for e in problems("llm-one", t.profile, t.rendered, facts, stack=old,
+                                      kill_stale=True)]
+    assert any("MIG is enabled" in e and "8 GPU(s)" in e for e in found)
+    assert not any("driver" in e for e in found)  # 590.48.01 >= 590.44.01
+    # without a stack (older callers) nothing GPU-specific beyond the count is judged
+    assert not any("MIG" in str(e) for e in problems("llm-one", t.profile, t.rendered, facts))
+
+
+def test_installed_torch_arch_list_is_checked_and_cpu_builds_skip() -> None:
+    stack = target().stack
+    good = {"torch_cuda": {"available": True, "cuda": "12.8", "capabilities": [[12, 0]],
+                           "archs": ["sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100",
+                                     "sm_120"]}}
+    assert installed_arch_problems(stack, good) == []
+    old = {"torch_cuda": {"available": True, "cuda": "12.4", "capabilities": [[12, 0]],
+                          "archs": TORCH_26_CU124.gpu_archs["torch"]}}
+    first, second = installed_arch_problems(stack, old)
+    assert "has no kernels for this host's sm_120 GPUs" in first
+    assert "lacks sm_100, sm_120, which stack vllm-0.16-nightly states" in second
+    for cpu in ({"torch_cuda": {"available": False, "cuda": None, "archs": []}},
+                {"torch_cuda": None}, {}):
+        assert installed_arch_problems(stack, cpu) == []
+
+
+def test_stack_arch_fields_are_validated() -> None:
+    with pytest.raises(ValueError, match="'sm90' is not an architecture"):
+        Stack(name="s", packages={"torch": "2.10.0"}, gpu_archs={"torch": ["sm90"]})
+    with pytest.raises(ValueError, match="gpu_archs names 'flashinfer-python'"):
+        Stack(name="s", packages={"torch": "2.10.0"}, gpu_archs={"flashinfer-python": []})
+    with pytest.raises(ValueError, match="cuda"):
+        Stack(name="s", packages={"torch": "2.10.0"}, cuda="cu129")
+    # stated, verified, not installed: the environment's content hash does not move
+    plain = Stack(name="s", packages={"torch": "2.10.0"})
+    stated = Stack(name="s", packages={"torch": "2.10.0"}, cuda="12.9",
+                   gpu_archs={"torch": ["sm_90"]})
+    assert plain.model_dump() == stated.model_dump()
+
+
+def test_nvml_reading_with_compute_capability() -> None:
+    data = {"driver": "590.48.01", "cuda_driver": 13010, "gpus": [
+        {"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-0", "memory_total": 1,
+         "memory_used": 0, "cc": [9, 0], "processes": []}]}
+    g = from_agent({"nvml": data, **{k: v for k, v in capture("h100").items()
+                                     if k != "nvml"}})
+    assert (g.source, g.cuda, g.gpus[0].sm) == ("nvml", "13.1", "sm_90")
+    # nvidia-smi fills what NVML did not read (matched by index: the capture masks UUIDs)
+    assert g.gpus[0].persistence is True and g.gpus[0].bus_id == "00000000:00:09.0"
+    assert GpuFacts("none").count == 0

@@ -17,9 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from vigil.deploy.facts import HostFacts, parse_facts
+from vigil.deploy.gpucheck import GpuPolicy
+from vigil.deploy.hooks import Hooks
 from vigil.deploy.plan import Plan, make_plan
 from vigil.deploy.preflight import check_host, stale_gpu_processes
-from vigil.deploy.hooks import Hooks
 from vigil.deploy.runtime import verify_install
 from vigil.desired.render import paths_for
 from vigil.desired.targets import Target
@@ -153,7 +154,8 @@ def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
         with host_lock(transport, t.vars, paths_for(t.vars, t.stack).lock, lock_owner(),
                        t.vars.lock_timeout_s, say):
             facts = gather(transport, t)
-            check_host(t.name, t.profile, t.rendered, facts, kill_stale=opts.kill_stale)
+            check_host(t.name, t.profile, t.rendered, facts, kill_stale=opts.kill_stale,
+                       stack=t.stack, policy=GpuPolicy.of(t.vars))
             stale = tuple(s.pid for s in stale_gpu_processes(facts)) if opts.kill_stale else ()
             plan = make_plan(t.name, t.stack, t.rendered, facts, force_restart=opts.restart,
                              reinstall=opts.reinstall, kill_pids=stale)

@@ -1,20 +1,27 @@
-"""GPUs as the host reports them (pure parsers) and who holds their memory.
+"""GPUs as the host reports them (pure parsers), who holds their memory, and their health.
 
-The agent prints raw readings (``agent.gpu_facts``): NVML through the environment's
-python (``nvidia-ml-py``), or, when that is not importable, nvidia-smi's CSV:
+The agent prints raw readings (``agent.gpu_facts``); every parser here reads the tool's own
+output unchanged (tests/fixtures/gpus holds published real outputs, each with its source):
 
-    nvidia-smi --query-gpu=index,name,uuid,memory.total,memory.used \
-               --format=csv,noheader,nounits          (MiB)
-    nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory \
-               --format=csv,noheader,nounits          (MiB, "[N/A]" when unknown)
+* NVML through the environment's python (``nvidia-ml-py``): memory, processes, compute
+  capability, the driver's CUDA version;
+* ``nvidia-smi --query-gpu=<fields> --format=csv`` and ``--query-compute-apps=...``: read by
+  their header, so any field subset and order parses, with or without units (``81559 MiB``)
+  and with ``[N/A]`` / ``[Not Supported]`` where the driver does not say;
+* ``nvidia-smi -q -x`` (XML): health where an old driver rejects the CSV health fields;
+* ``nvidia-smi -L``: the MIG instances a CUDA process can be given;
+* the kernel log's ``NVRM: Xid (PCI:...): N, ...`` lines (journalctl -k or dmesg).
 
-A CPU host has neither: ``source == "none"`` and no GPUs.
+A CPU host has none of them: ``source == "none"`` and no GPUs.
 """
 
 from __future__ import annotations
 
+import re
+import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from datetime import datetime
 from typing import Any
 
 MIB = 2**20
@@ -28,8 +35,17 @@ class GpuParseError(ValueError):
 @dataclass(frozen=True)
 class GpuProcess:
     pid: int
-    used_bytes: int | None  # None: the driver does not say (e.g. inside a container)
+    used_bytes: int | None  # None: the driver does not say ("[N/A]": WDDM, some containers)
     name: str | None = None
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    gpu: int
+    index: int
+    profile: str | None = None  # "3g.40gb" (nvidia-smi -L); the XML does not name it
+    uuid: str | None = None
+    memory_total_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -40,14 +56,47 @@ class Gpu:
     memory_total_bytes: int
     memory_used_bytes: int
     processes: tuple[GpuProcess, ...] = ()
+    # None everywhere below: the reading did not say (older driver, consumer card, NVML only)
+    compute_cap: str | None = None  # "9.0", "12.0"
+    bus_id: str | None = None  # "00000000:00:09.0"
+    persistence: bool | None = None
+    mig: bool | None = None  # MIG mode, current
+    ecc_uncorrected: int | None = None  # volatile (since the driver loaded)
+    retired_pages_pending: bool | None = None
+    remap_pending: bool | None = None
+    remap_failure: bool | None = None
+    mig_devices: tuple[MigDevice, ...] = ()
+
+    @property
+    def sm(self) -> str | None:
+        """The CUDA architecture name of the compute capability: 9.0 -> sm_90."""
+        if not self.compute_cap or not re.fullmatch(r"\d+\.\d+", self.compute_cap):
+            return None
+        major, minor = self.compute_cap.split(".")
+        return f"sm_{major}{minor}"
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """One ``NVRM: Xid`` line of the kernel log: the driver's report of a GPU error."""
+
+    pci: str  # as the driver prints it: "0000:cb:00"
+    code: int
+    line: str
+    time: datetime | None = None  # None: the line carried no absolute time
+    gpu: int | None = None  # the GPU index with that PCI address, when known
 
 
 @dataclass(frozen=True)
 class GpuFacts:
-    source: str  # "nvml" | "nvidia-smi" | "none"
+    source: str  # "nvml" | "nvidia-smi" | "nvidia-smi-xml" | "none"
     gpus: tuple[Gpu, ...] = ()
     driver: str | None = None
     error: str | None = None  # why NVML was not used, when it was not
+    cuda: str | None = None  # the newest CUDA the driver supports ("12.8"), when read
+    xids: tuple[XidEvent, ...] = ()
+    kernel_log: str | None = None  # where the Xid lines came from; None: not read
+    now: datetime | None = None  # the host's clock when it read the kernel log
 
     @property
     def count(self) -> int:
@@ -67,6 +116,9 @@ class StaleProcess:
         return f"pid {self.pid} holds {held} on GPU {where}: {self.cmdline or '(command unknown)'}"
 
 
+# -- values -----------------------------------------------------------------------------
+
+
 def _int(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise GpuParseError(f"{what}: expected a number, got {value!r}")
@@ -74,6 +126,254 @@ def _int(value: object, what: str) -> int:
         return int(value)
     except ValueError:
         raise GpuParseError(f"{what}: expected a number, got {value!r}") from None
+
+
+def _absent(value: str | None) -> bool:
+    # "[N/A]", "[Not Supported]", "[Requested functionality has been deprecated]", "N/A"
+    return value is None or value.strip() in ("", "N/A", "None") or value.strip().startswith("[")
+
+
+def _text(value: str | None) -> str | None:
+    return None if _absent(value) else str(value).strip()
+
+
+def _mib(value: str | None, what: str) -> int | None:
+    """'81559 MiB' or '81559' (MiB) as bytes."""
+    if _absent(value):
+        return None
+    number = str(value).strip().removesuffix("MiB").strip()
+    try:
+        return int(float(number) * MIB)
+    except ValueError:
+        raise GpuParseError(f"{what}: expected MiB, got {value!r}") from None
+
+
+def _count(value: str | None, what: str) -> int | None:
+    if _absent(value):
+        return None
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise GpuParseError(f"{what}: expected a count, got {value!r}") from None
+
+
+def _flag(value: str | None) -> bool | None:
+    text = _text(value)
+    if text is None:
+        return None
+    low = text.lower()
+    if low in ("enabled", "yes", "on", "true"):
+        return True
+    if low in ("disabled", "no", "off", "false"):
+        return False
+    return None
+
+
+# -- nvidia-smi CSV --------------------------------------------------------------------
+
+
+def parse_query_csv(text: str, what: str) -> list[dict[str, str]]:
+    """``--format=csv`` output as one dict per row, keyed by the header's field names
+    (units such as `` [MiB]`` dropped). Field values never hold ", " except a process
+    name, which takes any surplus."""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return []
+    head = [re.sub(r"\s*\[[^\]]*\]$", "", h.strip()) for h in lines[0].split(",")]
+    if not head or any(not re.fullmatch(r"[A-Za-z0-9_.]+", h) for h in head):
+        raise GpuParseError(f"{what}: first line is not a CSV header: {lines[0][:200]!r}")
+    name_col = next((i for i, h in enumerate(head) if h in ("process_name", "name")), None)
+    rows = []
+    for n, line in enumerate(lines[1:], 2):
+        values = [v.strip() for v in line.split(", ")]
+        extra = len(values) - len(head)
+        if extra > 0 and name_col is not None:
+            end = name_col + extra + 1
+            values[name_col:end] = [", ".join(values[name_col:end])]
+        if len(values) != len(head):
+            raise GpuParseError(f"{what} line {n}: expected {len(head)} fields, got {line[:200]!r}")
+        rows.append(dict(zip(head, values, strict=True)))
+    return rows
+
+
+def _pick(row: Mapping[str, str], *names: str) -> str | None:
+    return next((row[n] for n in names if n in row), None)
+
+
+def parse_smi(gpus_csv: str, apps_csv: str | None = None, mig_list: str | None = None) -> GpuFacts:
+    """``nvidia-smi --query-gpu`` and ``--query-compute-apps`` (``--format=csv``)."""
+    procs: dict[str, list[GpuProcess]] = {}
+    for row in parse_query_csv(apps_csv or "", "compute-apps"):
+        pid = _pick(row, "pid")
+        uuid = _pick(row, "gpu_uuid") or ""
+        procs.setdefault(uuid, []).append(GpuProcess(
+            _int(pid, f"compute-apps pid {pid!r}"),
+            _mib(_pick(row, "used_gpu_memory", "used_memory"), f"pid {pid} memory"),
+            _text(_pick(row, "process_name", "name"))))
+    gpus = []
+    driver = None
+    for n, row in enumerate(parse_query_csv(gpus_csv, "query-gpu")):
+        # without an index field, rows come in nvidia-smi's own order
+        index = _int(_pick(row, "index") or n, "query-gpu index")
+        uuid = _pick(row, "uuid", "gpu_uuid") or ""
+        driver = driver or _text(_pick(row, "driver_version"))
+        gpus.append(Gpu(
+            index=index,
+            name=_pick(row, "name", "gpu_name") or "",
+            uuid=uuid,
+            memory_total_bytes=_mib(_pick(row, "memory.total"), f"GPU {index} memory.total") or 0,
+            memory_used_bytes=_mib(_pick(row, "memory.used"), f"GPU {index} memory.used") or 0,
+            processes=tuple(procs.get(uuid, ())),
+            compute_cap=_text(_pick(row, "compute_cap")),
+            bus_id=_text(_pick(row, "pci.bus_id", "gpu_bus_id")),
+            persistence=_flag(_pick(row, "persistence_mode")),
+            mig=_flag(_pick(row, "mig.mode.current")),
+            ecc_uncorrected=_count(_pick(row, "ecc.errors.uncorrected.volatile.total"),
+                                   f"GPU {index} ecc.errors.uncorrected.volatile.total"),
+            retired_pages_pending=_flag(_pick(row, "retired_pages.pending")),
+            remap_pending=_flag(_pick(row, "remapped_rows.pending")),
+            remap_failure=_flag(_pick(row, "remapped_rows.failure")),
+        ))
+    facts = GpuFacts("nvidia-smi", tuple(gpus), driver)
+    return with_mig_list(facts, mig_list) if mig_list else facts
+
+
+# -- nvidia-smi -L (MIG instances) ------------------------------------------------------
+
+_LIST_GPU = re.compile(r"^GPU (\d+): (.*?) \(UUID: ([^)]*)\)")
+_LIST_MIG = re.compile(r"^\s+MIG (\S+)\s+Device\s+(\d+): \(UUID: ([^)]*)\)")
+
+
+def parse_mig_list(text: str) -> dict[int, tuple[MigDevice, ...]]:
+    """``nvidia-smi -L``: each GPU line, then its MIG devices indented under it."""
+    found: dict[int, list[MigDevice]] = {}
+    gpu: int | None = None
+    for line in text.splitlines():
+        if m := _LIST_GPU.match(line):
+            gpu = int(m.group(1))
+            found.setdefault(gpu, [])
+        elif (m := _LIST_MIG.match(line)) and gpu is not None:
+            found[gpu].append(MigDevice(gpu, int(m.group(2)), m.group(1), m.group(3)))
+    return {g: tuple(devs) for g, devs in found.items()}
+
+
+def with_mig_list(facts: GpuFacts, text: str) -> GpuFacts:
+    listed = parse_mig_list(text)
+    return replace(facts, gpus=tuple(
+        replace(g, mig_devices=listed[g.index]) if listed.get(g.index) else g
+        for g in facts.gpus))
+
+
+# -- nvidia-smi -q -x -------------------------------------------------------------------
+
+
+def _find(node: ET.Element, path: str) -> str | None:
+    found = node.find(path)
+    return None if found is None or found.text is None else found.text.strip()
+
+
+def parse_smi_xml(text: str) -> GpuFacts:
+    """``nvidia-smi -q -x``: identity, memory, processes, and the health fields (ECC,
+    retired pages, remapped rows, persistence, MIG mode and devices)."""
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError as exc:
+        raise GpuParseError(f"nvidia-smi -q -x: not XML ({exc})") from None
+    if root.tag != "nvidia_smi_log":
+        raise GpuParseError(f"nvidia-smi -q -x: root is <{root.tag}>, not <nvidia_smi_log>")
+    gpus = []
+    for i, node in enumerate(root.findall("gpu")):
+        index = i  # nvidia-smi's order (PCI bus); minor_number names the device node only
+        unc = [_count(_find(node, f"ecc_errors/volatile/{k}"), k)
+               for k in ("dram_uncorrectable", "sram_uncorrectable",
+                         "sram_uncorrectable_parity", "sram_uncorrectable_secded")]
+        known = [u for u in unc if u is not None]
+        if not known:
+            total = _count(_find(node, "ecc_errors/volatile/total/uncorr"), "uncorr")
+            known = [total] if total is not None else []
+        migs = tuple(
+            MigDevice(index, _count(_find(m, "index"), "mig index") or 0,
+                      memory_total_bytes=_mib(_find(m, "fb_memory_usage/total"), "mig memory"))
+            for m in node.findall("mig_devices/mig_device"))
+        procs = tuple(
+            GpuProcess(_int(_find(p, "pid"), "process pid"),
+                       _mib(_find(p, "used_memory"), "process memory"),
+                       _text(_find(p, "process_name")))
+            for p in node.findall("processes/process_info"))
+        gpus.append(Gpu(
+            index=index,
+            name=_find(node, "product_name") or "",
+            uuid=_find(node, "uuid") or "",
+            memory_total_bytes=_mib(_find(node, "fb_memory_usage/total"), "memory total") or 0,
+            memory_used_bytes=_mib(_find(node, "fb_memory_usage/used"), "memory used") or 0,
+            processes=procs,
+            bus_id=node.get("id"),
+            persistence=_flag(_find(node, "persistence_mode")),
+            mig=_flag(_find(node, "mig_mode/current_mig")),
+            ecc_uncorrected=sum(known) if known else None,
+            retired_pages_pending=_flag(_find(node, "retired_pages/pending_retirement")),
+            remap_pending=_flag(_find(node, "remapped_rows/remapped_row_pending")),
+            remap_failure=_flag(_find(node, "remapped_rows/remapped_row_failure")),
+            mig_devices=migs,
+        ))
+    return GpuFacts("nvidia-smi-xml", tuple(gpus), _text(_find(root, "driver_version")),
+                    cuda=_text(_find(root, "cuda_version")))
+
+
+# -- kernel log -------------------------------------------------------------------------
+
+_XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)")
+# newer drivers say it without an Xid, over three lines (NVIDIA/NVSentinel#155)
+_FALLEN = re.compile(r"NVRM: The NVIDIA GPU ([0-9A-Fa-f:.]+)\s*$")
+_ISO = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:[.,]\d+)?([+-]\d\d:?\d\d|Z)?")
+_CTIME = re.compile(r"^\[(\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\]")
+XID_FALLEN_OFF_BUS = 79
+
+
+def _line_time(line: str) -> datetime | None:
+    """ISO (``journalctl -o short-iso``, ``dmesg --time-format iso``) or ctime
+    (``dmesg --ctime``, local time without a zone); None for seconds since boot."""
+    if m := _ISO.match(line):
+        zone = (m.group(2) or "+00:00").replace("Z", "+00:00")
+        if ":" not in zone:
+            zone = zone[:3] + ":" + zone[3:]
+        try:
+            return datetime.fromisoformat(m.group(1) + zone)
+        except ValueError:
+            return None
+    if m := _CTIME.match(line):
+        try:
+            return datetime.strptime(re.sub(r" +", " ", m.group(1)), "%a %b %d %H:%M:%S %Y")
+        except ValueError:
+            return None
+    return None
+
+
+def _pci_key(address: str) -> str:
+    """'0000:cb:00' (kernel log) and '00000000:CB:00.0' (nvidia-smi) as one key."""
+    parts = address.lower().split(".")[0].split(":")
+    return ":".join(p.lstrip("0") or "0" for p in parts[-3:])
+
+
+def parse_xids(text: str, gpus: Iterable[Gpu] = ()) -> tuple[XidEvent, ...]:
+    """Every ``NVRM: Xid`` line (and the Xid-less "fallen off the bus" message, as Xid
+    79), with its time when the line carries one and its GPU when a PCI bus id matches."""
+    by_pci = {_pci_key(g.bus_id): g.index for g in gpus if g.bus_id}
+    lines = text.splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        if m := _XID.search(line):
+            pci, code = m.group(1), int(m.group(2))
+        elif (m := _FALLEN.search(line)) and "fallen off the bus" in " ".join(lines[i:i + 3]):
+            pci, code = m.group(1), XID_FALLEN_OFF_BUS
+        else:
+            continue
+        out.append(XidEvent(pci, code, line.strip(), _line_time(line),
+                            by_pci.get(_pci_key(pci))))
+    return tuple(out)
+
+
+# -- NVML (the agent's own JSON) ---------------------------------------------------------
 
 
 def parse_nvml(data: Mapping[str, Any]) -> GpuFacts:
@@ -88,6 +388,7 @@ def parse_nvml(data: Mapping[str, Any]) -> GpuFacts:
                        else _int(p["used_memory"], f"gpu {i} process memory"))
             for p in g.get("processes") or []
         )
+        cc = g.get("cc")
         gpus.append(Gpu(
             index=_int(g.get("index", i), f"gpu {i} index"),
             name=str(g.get("name", "")),
@@ -95,63 +396,63 @@ def parse_nvml(data: Mapping[str, Any]) -> GpuFacts:
             memory_total_bytes=_int(g.get("memory_total"), f"gpu {i} memory_total"),
             memory_used_bytes=_int(g.get("memory_used"), f"gpu {i} memory_used"),
             processes=procs,
+            compute_cap=(f"{_int(cc[0], 'cc')}.{_int(cc[1], 'cc')}"
+                         if isinstance(cc, list) and len(cc) == 2 else None),
         ))
     driver = data.get("driver")
-    return GpuFacts("nvml", tuple(gpus), str(driver) if driver else None)
+    cuda = data.get("cuda_driver")  # nvmlSystemGetCudaDriverVersion: 12080 -> "12.8"
+    cuda_text = (f"{_int(cuda, 'cuda_driver') // 1000}.{_int(cuda, 'cuda_driver') % 1000 // 10}"
+                 if cuda is not None else None)
+    return GpuFacts("nvml", tuple(gpus), str(driver) if driver else None, cuda=cuda_text)
 
 
-def _csv_rows(text: str, fields: int, what: str) -> list[list[str]]:
-    rows = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        # GPU names hold no commas; process names may: split the name field last
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) > fields:
-            head, tail = parts[:2], parts[-1:]
-            parts = [*head, ", ".join(parts[2:-1]), *tail]
-        if len(parts) != fields:
-            raise GpuParseError(f"{what} line {n}: expected {fields} fields, got {line!r}")
-        rows.append(parts)
-    return rows
+# -- the agent's whole reading ---------------------------------------------------------
 
 
-def _mib(value: str, what: str) -> int | None:
-    if value.startswith("[") or value in ("N/A", ""):  # "[N/A]", "[Not Supported]"
-        return None
-    try:
-        return int(float(value) * MIB)
-    except ValueError:
-        raise GpuParseError(f"{what}: expected MiB, got {value!r}") from None
-
-
-def parse_smi(gpus_csv: str, apps_csv: str | None) -> GpuFacts:
-    """nvidia-smi's ``--format=csv,noheader,nounits`` output of the two queries above."""
-    procs: dict[str, list[GpuProcess]] = {}
-    for uuid, pid, name, used in _csv_rows(apps_csv or "", 4, "compute-apps"):
-        procs.setdefault(uuid, []).append(
-            GpuProcess(_int(pid, f"compute-apps pid {pid!r}"), _mib(used, f"pid {pid} memory"),
-                       name or None))
+def _enrich(base: GpuFacts, more: GpuFacts) -> GpuFacts:
+    """Fill what ``base`` does not know from ``more`` (matched by UUID, else by index)."""
+    by_uuid = {g.uuid: g for g in more.gpus if g.uuid}
+    by_index = {g.index: g for g in more.gpus}
     gpus = []
-    for index, name, uuid, total, used in _csv_rows(gpus_csv, 5, "query-gpu"):
-        total_b = _mib(total, f"GPU {index} memory.total")
-        used_b = _mib(used, f"GPU {index} memory.used")
-        gpus.append(Gpu(_int(index, "GPU index"), name, uuid, total_b or 0, used_b or 0,
-                        tuple(procs.get(uuid, ()))))
-    return GpuFacts("nvidia-smi", tuple(gpus))
+    for g in base.gpus:
+        other = by_uuid.get(g.uuid) if g.uuid in by_uuid else by_index.get(g.index)
+        if other is None:
+            gpus.append(g)
+            continue
+        fill = {f.name: getattr(other, f.name) for f in fields(Gpu)
+                if getattr(g, f.name) in (None, ()) and getattr(other, f.name) not in (None, ())}
+        gpus.append(replace(g, **fill))
+    return replace(base, gpus=tuple(gpus), driver=base.driver or more.driver,
+                   cuda=base.cuda or more.cuda)
 
 
 def from_agent(raw: Mapping[str, Any] | None) -> GpuFacts:
-    """Whatever the agent read: NVML first, nvidia-smi second, else no GPUs."""
+    """Whatever the agent read: NVML first (memory, processes), nvidia-smi's CSV and XML
+    for what NVML did not give, ``-L`` for MIG devices, the kernel log for Xid events."""
     if not raw:
         return GpuFacts("none")
     error = raw.get("nvml_error")
+    facts: GpuFacts | None = None
     if raw.get("nvml") is not None:
-        return parse_nvml(raw["nvml"])
+        facts = parse_nvml(raw["nvml"])
     if raw.get("smi_gpus") is not None:
-        found = parse_smi(raw["smi_gpus"], raw.get("smi_apps"))
-        return GpuFacts(found.source, found.gpus, found.driver, error)
-    return GpuFacts("none", error=raw.get("smi_error") or error)
+        smi = parse_smi(raw["smi_gpus"], raw.get("smi_apps"))
+        facts = _enrich(facts, smi) if facts is not None else replace(smi, error=error)
+    if raw.get("smi_xml") is not None:
+        xml = parse_smi_xml(raw["smi_xml"])
+        facts = _enrich(facts, xml) if facts is not None else replace(xml, error=error)
+    if facts is None:
+        return GpuFacts("none", error=raw.get("smi_error") or error)
+    if raw.get("smi_list"):
+        facts = with_mig_list(facts, raw["smi_list"])
+    if raw.get("kernel") is not None:
+        try:
+            now = datetime.fromisoformat(str(raw.get("now")))
+        except ValueError:
+            now = None
+        facts = replace(facts, xids=parse_xids(raw["kernel"], facts.gpus),
+                        kernel_log=str(raw.get("kernel_source") or "kernel log"), now=now)
+    return facts
 
 
 def stale_processes(

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import shlex
 
-from vigil.deploy import weights
+from vigil.deploy import gpucheck, weights
 from vigil.deploy.facts import HostFacts
+from vigil.deploy.gpucheck import GpuPolicy
 from vigil.deploy.gpus import StaleProcess, stale_processes
-from vigil.desired.config import ModelProfile
+from vigil.desired.config import ModelProfile, Stack
 from vigil.desired.render import Rendered
 from vigil.errors import PermissionDeniedError, RefusedError, VigilError
 
@@ -22,19 +23,23 @@ def stale_gpu_processes(facts: HostFacts) -> list[StaleProcess]:
 
 def check_host(
     host_name: str, profile: ModelProfile, r: Rendered, facts: HostFacts,
-    *, kill_stale: bool = False,
+    *, kill_stale: bool = False, stack: Stack | None = None,
+    policy: GpuPolicy | None = None,
 ) -> None:
     """Refuse, with the evidence, what the host's facts make impossible."""
-    found = problems(host_name, profile, r, facts, kill_stale=kill_stale)
+    found = problems(host_name, profile, r, facts, kill_stale=kill_stale, stack=stack,
+                     policy=policy)
     if found:
         raise found[0]
 
 
 def problems(
     host_name: str, profile: ModelProfile, r: Rendered, facts: HostFacts,
-    *, kill_stale: bool = False,
+    *, kill_stale: bool = False, stack: Stack | None = None,
+    policy: GpuPolicy | None = None,
 ) -> list[VigilError]:
-    """Every refusal the facts justify, in the order a deploy meets them."""
+    """Every refusal the facts justify, in the order a deploy meets them. With ``stack``
+    the GPUs are also judged against its CUDA release and architectures."""
     out: list[VigilError] = []
     for what, ok in facts.writable.items():
         if not ok:
@@ -114,6 +119,9 @@ def problems(
                 + "\n    ".join(s.describe() for s in stale),
                 fix="end them (deploy --kill-stale ends exactly these), or find their owner",
             ))
+        if stack is not None:
+            out += gpucheck.problems(host_name, stack, r.env, facts.gpus,
+                                     policy or GpuPolicy(), need)
     port = int(_port_of(r))
     ours = set(facts.service_pids)
     others = [(pid, cmd) for pid, cmd in facts.port_owners if pid not in ours]

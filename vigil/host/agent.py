@@ -478,8 +478,9 @@ def gpu_facts(python: str) -> Json:
         pids = [p["pid"] for g in out["nvml"]["gpus"] for p in g["processes"]]
     else:
         # only to look up command lines; vigil/deploy/gpus.py does the real parsing
-        pids += [int(r[1]) for r in smi_rows(out["smi_apps"])[1:]
-                 if len(r) > 1 and r[1].isdigit()]
+        rows = smi_rows(out["smi_apps"])
+        col = rows[0].index("pid") if rows and "pid" in rows[0] else 1
+        pids += [int(r[col]) for r in rows[1:] if len(r) > col and r[col].isdigit()]
     if out["nvml"] is not None or out.get("smi_gpus") is not None:
         out.update(kernel_nvrm())
     out["cmdlines"] = dict((str(p), cmdline(p)) for p in pids)

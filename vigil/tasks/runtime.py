@@ -15,6 +15,7 @@ from invoke.exceptions import Exit
 from invoke.tasks import task
 
 from vigil.deploy import apply as deploy_mod
+from vigil.deploy.gpucheck import GpuPolicy, health_lines
 from vigil.deploy.gpus import GIB
 from vigil.deploy.preflight import problems, stale_gpu_processes
 from vigil.deploy.runtime import findings, pip_for
@@ -136,6 +137,10 @@ def _facts_lines(t: targets_mod.Target, facts: Any) -> list[str]:
                      f"{len(gpu.processes)} process(es)")
     for s in stale_gpu_processes(facts):
         lines.append(f"  not the service's: {s.describe()}")
+    if g.gpus:
+        lines.append(f"driver {g.driver or '?'} (CUDA {g.cuda or '?'}); stack "
+                     f"{t.stack.name} is built for CUDA {t.stack.cuda or '(not stated)'}")
+        lines += [f"  {h}" for h in health_lines(g, GpuPolicy.of(t.vars))]
     lines.append(f"disk free under {Path(t.rendered.paths.env_dir).parent}: "
                  f"{facts.disk_free_bytes / GIB:.1f} GiB")
     w = facts.model_weights
@@ -195,7 +200,8 @@ def preflight(c: Context, model: str | None = None, hosts: str = "all",
         except VigilError as exc:
             reports[name] = ([], [], str(exc))
             return
-        found = problems(t.name, t.profile, t.rendered, facts, kill_stale=kill_stale)
+        found = problems(t.name, t.profile, t.rendered, facts, kill_stale=kill_stale,
+                         stack=t.stack, policy=GpuPolicy.of(t.vars))
         reports[name] = (_facts_lines(t, facts), found, None)
 
     parallel([t.name for t in targets], work)
