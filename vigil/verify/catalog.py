@@ -207,9 +207,13 @@ PHASE_RECORDS: tuple[Phase, ...] = (
         ),
         frames=frozenset({"serve_http", "run_server_worker"}),
     ),
-    # Serving evidence seen, /health + a completion not yet proven (live only).
+    # Serving evidence seen, /health + a completion not yet proven (live only). The
+    # engine's serving loops (V1 run_busy_loop, V0 run_engine_loop/engine_step) only run
+    # once the engine is up.
     Phase("ready", "ready (serving)", "ready", budget_s=120.0, stall_s=120.0,
-          progress=SIGNALS),
+          progress=SIGNALS,
+          frames=frozenset({"run_busy_loop", "_process_engine_step", "run_engine_loop",
+                            "engine_step", "step_async", "engine_step_async"})),
 )
 
 PHASE: Mapping[str, Phase] = {p.name: p for p in PHASE_RECORDS}
@@ -227,6 +231,8 @@ class Cause:
     needs: tuple[str, ...] = ()  # named groups the remedy uses from the proving line
     role: Role = "root"
     reached: str | None = None  # the phase this failure proves the start got to
+    # Function names whose traceback frame proves this cause (`File "…", in NAME`).
+    frames: frozenset[str] = frozenset()
 
     @property
     def regex(self) -> re.Pattern[str]:
@@ -356,11 +362,14 @@ CAUSES: tuple[Cause, ...] = (
         (r"ninja: build stopped: subcommand failed",
          r"Command '\[?'?ninja'?.*returned non-zero exit status",
          r"Ninja build failed|Error building extension|ninja: error:"),
-        ("0.10.1", "0.11"),
+        ("0.9", "0.10.1", "0.11"),
         "a kernel JIT build (flashinfer/ninja) failed: install the prebuilt kernels "
         "(flashinfer-cubin/flashinfer-jit-cache matching flashinfer-python), make nvcc and "
         "the CUDA toolkit match torch's CUDA, or pick another attention/sampling backend "
         "(VLLM_ATTENTION_BACKEND, VLLM_USE_FLASHINFER_SAMPLER=0)",
+        # torch.utils.cpp_extension runs every JIT build through this; in a traceback
+        # it means the build itself failed.
+        frames=frozenset({"_run_ninja_build"}),
     ),
     Cause(
         "cuda_driver_mismatch",
@@ -411,8 +420,8 @@ CAUSES: tuple[Cause, ...] = (
         "tokenizer_missing",
         (r"Can't load tokenizer for|Couldn't instantiate the backend tokenizer"
          r"|tokenizer\.(?:json|model).* (?:not found|does not exist)"
-         r"|Failed to load the tokenizer",),
-        ("0.5", "0.8"),
+         r"|Failed to load the tokenizer|No tokenizer file found in directory",),
+        ("0.5", "0.8", "0.12"),
         "the tokenizer cannot be loaded: make sure the model directory has tokenizer files "
         "(tokenizer.json / tokenizer.model), or pass --tokenizer with a path or hub id",
     ),
@@ -474,15 +483,19 @@ VERDICT_REMEDIES: Mapping[str, str] = {
 # of an unknown cause. Types raised while tearing down are not roots.
 _EXCEPTION = re.compile(
     r"^(?:[A-Za-z_][\w]*\.)*(?P<type>[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure))"
-    r"(?::\s*(?P<text>.*))?$")
+    # Ray re-raises a worker's exception as RayTaskError(ValueError): …
+    r"(?:\([A-Z]\w*\))?(?::\s*(?P<text>.*))?$")
 _TEARDOWN_TYPES = frozenset({"CancelledError", "KeyboardInterrupt", "SystemExit",
                              "BrokenPipeError", "ConnectionResetError", "GeneratorExit",
                              "ClosedResourceError"})
+_FRAME_ANY = re.compile(r'^File "[^"]*", line \d+, in (?P<func>[\w<>]+)')
 # Only vLLM's own frames: a wrapper's `load_model` (a demo, a framework) proves nothing.
 _FRAME = re.compile(r'^File "[^"]*vllm[/\\][^"]*", line \d+, in (?P<func>[\w<>]+)')
 # Process names in vLLM's prefix: an engine core or a worker exists, so the start is past
 # bootstrap (`EngineCore_DP0`, `VllmWorker rank=0`, `Worker_TP1`, `RayWorkerWrapper`).
 _PROC_PHASE = re.compile(r"^(?:EngineCore|VllmWorker|Worker|RayWorkerWrapper)")
+# multiprocessing's header of a child's traceback: "Process EngineCore_0:"
+_PROC_HEADER = re.compile(r"^Process (?:EngineCore|VllmWorker|Worker)\S*:$")
 # Serving: requests answered, throughput stats, uvicorn bound. Access lines of any status:
 # a 404 is an answer too.
 _SERVING = re.compile(
@@ -498,12 +511,13 @@ _STOP = re.compile(
     r"|^INFO:\s+Shutting down$|^Shutting down$|Waiting for application shutdown"
     r"|Shutting down FastAPI HTTP server|\[shutdown\]|^KeyboardInterrupt$")
 _NOISE = re.compile(r"No available shared memory broadcast block found in (?P<seconds>\d+) second")
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+# Real escape codes, and the caret form (`^[[0;36m`) a terminal copy leaves.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]|\^\[\[[0-9;]*m")
 # Wrappers users paste around vLLM's lines: HTML colour tags, CI gutters ("  | "), a
 # bracketed ISO stamp, docker compose's "name  | ".
 _WRAPPERS = re.compile(
     r"^(?:\s*<[^>]{1,80}>)+|^\s*\|\s|^\s*\[\d{4}-\d\d-\d\dT[\d:.]+Z?\]\s?"
-    r"|^[\w.-]{1,60}\s+\|\s")
+    r"|^[\w.-]{1,60}\s+\|\s|^\[rank\d+\]:\s?")
 _TAGS = re.compile(r"</?(?:font|b|i|span)[^>]{0,80}>")
 
 # `(APIServer pid=1) INFO 11-29 10:01:02 [file.py:12] msg`; the process prefix is
@@ -630,7 +644,7 @@ def _reached(line: Line, msg: str) -> str | None:
         for p in reversed(PHASE_RECORDS):
             if func in p.frames:
                 return p.name
-    if line.proc and _PROC_PHASE.match(line.proc):
+    if (line.proc and _PROC_PHASE.match(line.proc)) or _PROC_HEADER.match(msg):
         return "engine_init"
     return None
 
@@ -645,6 +659,12 @@ def classify(text: str) -> Match:
     noise = _NOISE.search(msg)
     if noise:
         return Match("noise", line, values=_floats(noise.groupdict()), reached=reached)
+    frame = _FRAME_ANY.match(msg)
+    if frame:
+        for cause in CAUSES:
+            if frame.group("func") in cause.frames:
+                return Match("fatal", line, cause=cause.id, remedy=remedy_for(cause.id),
+                             reached=reached, role=cause.role)
     exc = _EXCEPTION.match(msg)
     exc_type = exc.group("type") if exc else None
     # A warning that only says flashinfer ignored a package is not fatal (≥0.7.2); a
