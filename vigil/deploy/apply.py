@@ -12,16 +12,17 @@ import socket
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from vigil.deploy import roles as roles_plan
 from vigil.deploy.facts import HostFacts, parse_facts
 from vigil.deploy.gpucheck import GpuPolicy
 from vigil.deploy.hooks import Hooks
 from vigil.deploy.plan import Plan, make_plan
 from vigil.deploy.preflight import check_host, stale_gpu_processes
-from vigil.deploy.runtime import verify_install
+from vigil.deploy.runtime import import_remedy, verify_install
 from vigil.desired.render import paths_for
 from vigil.desired.targets import Target
 from vigil.errors import HostError, PermissionDeniedError, ServeError, VigilError
@@ -44,6 +45,8 @@ def agent_request(t: Target) -> dict[str, Any]:
             "unit": p.unit, "env": p.env, "env_dir": p.env_dir, "current": p.current,
             "backup_dir": p.backup_dir,
         },
+        # user roles' files and units ride along in the same facts round trip
+        **({"roles": roles_plan.request(t.roles)} if t.roles else {}),
     }
 
 
@@ -92,12 +95,13 @@ def apply_install(
         raise HostError(
             t.name, f"the new environment {env_dir} failed verification; nothing was "
             f"switched or restarted:\n  {detail}",
-            fix=(f"fix the pins or rules in inventory/stacks/{t.stack.name}.yml"
-                 if res.get("packages") else "see the install log")
+            fix=(import_remedy(res) or (
+                f"fix the pins or rules in inventory/stacks/{t.stack.name}.yml"
+                if res.get("packages") else "see the install log"))
             + (f" (log: {res['log']} on the host)" if res.get("log") else ""),
         )
     say(f"{env_dir} verified ({res.get('installer')}, {res.get('seconds')} s): pins, rules, "
-        "pip check, import vllm")
+        f"pip check, import {', '.join(t.stack.verify_imports)}")
     return [{"kind": "mark_env", "env_dir": env_dir, "packages": res.get("packages")}]
 
 
@@ -148,47 +152,63 @@ def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
     def say(message: str) -> None:
         log(t.name, message)
 
-    transport: Transport | None = None
     try:
-        transport = connect(t.name, t.vars)
-        with host_lock(transport, t.vars, paths_for(t.vars, t.stack).lock, lock_owner(),
-                       t.vars.lock_timeout_s, say):
-            facts = gather(transport, t)
-            check_host(t.name, t.profile, t.rendered, facts, kill_stale=opts.kill_stale,
-                       stack=t.stack, policy=GpuPolicy.of(t.vars))
-            stale = tuple(s.pid for s in stale_gpu_processes(facts)) if opts.kill_stale else ()
-            plan = make_plan(t.name, t.stack, t.rendered, facts, force_restart=opts.restart,
-                             reinstall=opts.reinstall, kill_pids=stale)
-            result.actions = plan.describe() if plan.actions else []
-            for line in plan.describe():
-                say(("would " if opts.check and plan.actions else "") + line)
-            if opts.check:
-                for action in plan.actions:
-                    if action.diff:
-                        log.block(action.diff)
-                result.status = "changed" if plan.changes else "ok"
-                result.main_pid = facts.service.main_pid or None
-                return result
-            if opts.hooks is not None and plan.restarts:
-                opts.hooks.run("before_stop", t, say)
-            apply_plan(transport, t, plan, say)
-            result.restarted = plan.restarts
-            need_wait = plan.restarts or facts.health_status != 200
-            if opts.wait and need_wait:
-                say("verifying the start: phases, evidence, a real completion")
-                verify_start(transport, t, opts, log, result)
-                if opts.hooks is not None and plan.restarts:
-                    opts.hooks.run("after_ready", t, say)
-            else:
-                result.main_pid = facts.service.main_pid or None
-            result.status = "changed" if plan.changes else "ok"
+        with connect(t.name, t.vars) as transport:
+            try:
+                with host_lock(transport, t.vars, paths_for(t.vars, t.stack).lock, lock_owner(),
+                               t.vars.lock_timeout_s, say):
+                    facts: HostFacts | None = None
+                    if t.takes("service"):
+                        facts = gather(transport, t)
+                        if t.takes("preflight"):
+                            check_host(t.name, t.profile, t.rendered, facts,
+                                       kill_stale=opts.kill_stale, stack=t.stack,
+                                       policy=GpuPolicy.of(t.vars))
+                        stale = (tuple(s.pid for s in stale_gpu_processes(facts))
+                                 if opts.kill_stale else ())
+                        plan = make_plan(t.name, t.stack, t.rendered, facts,
+                                         force_restart=opts.restart, reinstall=opts.reinstall,
+                                         kill_pids=stale, host=t.vars)
+                        role_facts = facts.raw.get("roles")
+                    else:  # a host that takes only user roles
+                        plan = Plan(t.name, (), False)
+                        role_facts = (call(transport, t.vars, "role_facts",
+                                           roles_plan.request(t.roles)) if t.roles else None)
+                    if t.roles:
+                        extra = roles_plan.plan_roles(
+                            t.roles, roles_plan.parse_role_facts(role_facts))
+                        plan = replace(plan, actions=plan.actions + tuple(extra))
+                    result.actions = plan.describe() if plan.actions else []
+                    for line in plan.describe():
+                        say(("would " if opts.check and plan.actions else "") + line)
+                    if opts.check:
+                        for action in plan.actions:
+                            if action.diff:
+                                log.block(action.diff)
+                        result.status = "changed" if plan.changes else "ok"
+                        result.main_pid = facts.service.main_pid or None if facts else None
+                        return result
+                    if opts.hooks is not None and plan.restarts:
+                        opts.hooks.run("before_stop", t, say)
+                    apply_plan(transport, t, plan, say)
+                    result.restarted = plan.restarts
+                    need_wait = facts is not None and t.takes("verify") and (
+                        plan.restarts or facts.health_status != 200)
+                    if opts.wait and need_wait:
+                        say("verifying the start: phases, evidence, a real completion")
+                        verify_start(transport, t, opts, log, result)
+                        if opts.hooks is not None and plan.restarts:
+                            opts.hooks.run("after_ready", t, say)
+                    elif facts is not None:
+                        result.main_pid = facts.service.main_pid or None
+                    result.status = "changed" if plan.changes else "ok"
+            finally:
+                result.round_trips = transport.round_trips
     except VigilError as exc:
         result.error = str(exc)
+        result.exit_code = int(exc.exit_code)
         say(f"FAILED: {exc}")
     finally:
-        if transport is not None:
-            result.round_trips = transport.round_trips
-            transport.close()
         result.seconds = round(time.monotonic() - started, 2)
     return result
 

@@ -28,6 +28,7 @@ import jinja2
 from pydantic import Field, field_validator
 
 from vigil.desired.config import HostVars, Strict
+from vigil.desired.render import BANNER
 from vigil.desired.yamlfile import parse_model, read_yaml
 from vigil.errors import ConfigError, TemplateError
 
@@ -36,6 +37,7 @@ BUILTIN: tuple[str, ...] = ("preflight", "runtime", "service", "verify")
 # A role name is a folder name: lower-case words and dashes, never a path.
 ROLE_NAME = re.compile(r"^[a-z][a-z0-9]*(?:-[a-z0-9]+)*$")
 _VAR_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
+_SAFE = re.compile(r"^[^\x00-\x1f\x7f]*$")
 _UNIT = r"^[A-Za-z0-9][A-Za-z0-9_.@-]*\.(service|timer|socket|path|target|mount)$"
 _DEST = r"^/[^\x00-\x1f\x7f]+$"
 UNIT_DIRS = ("/etc/systemd/system/", "/run/systemd/system/", "/usr/local/lib/systemd/system/")
@@ -191,6 +193,9 @@ def check_value(key: str, value: object, default: object, where: str) -> None:
     if not ok:
         raise ConfigError(f"{key}: expected {type(default).__name__} like the role's default "
                           f"{default!r}, got {value!r}", file=where, key=key)
+    # values land in unit files: a newline would start a new setting there
+    if isinstance(value, str) and not _SAFE.match(value):
+        raise ConfigError(f"{key}: the value contains a control character", file=where, key=key)
 
 
 # -- rendering a user role ---------------------------------------------------------------
@@ -229,7 +234,8 @@ def render_role(role: Role, host_name: str, values: Mapping[str, Any]) -> Render
         loader=jinja2.FileSystemLoader(str(role.dir / "templates")),
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False,
     )
-    context = {**values, "inventory_hostname": host_name, "role_name": role.name}
+    context = {**values, "inventory_hostname": host_name, "role_name": role.name,
+               "managed_banner": BANNER}
     files = []
     for f in role.spec.files:
         where = str(role.dir / "templates" / f.template)

@@ -28,6 +28,7 @@ class Target:
     rendered: Rendered
     roles: tuple[RenderedRole, ...] = ()  # the host's user roles, rendered
     origin: Mapping[str, str] = field(default_factory=dict)  # variable -> where it was set
+    role_vars: Mapping[str, Any] = field(default_factory=dict)  # user roles' variables
 
     def takes(self, role: str) -> bool:
         return role in self.vars.roles
@@ -97,7 +98,8 @@ def resolve(
                           require_secrets=require_secrets)
         values = {**hv.model_dump(), **resolved.role_vars}
         user = tuple(render_role(r, name, values) for r in resolved.user_roles)
-        targets.append(Target(name, hv, profile, st, rendered, user, resolved.origin))
+        targets.append(Target(name, hv, profile, st, rendered, user, resolved.origin,
+                              resolved.role_vars))
     return targets
 
 

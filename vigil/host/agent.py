@@ -611,6 +611,7 @@ def facts(req: Json) -> Json:
         "backup": os.path.isdir(paths["backup_dir"]),
         "port": port_owners(int(req["port"])),
         "uv": find_uv(),
+        "roles": role_facts(req["roles"]) if req.get("roles") else None,
         "gpus": gpu_facts(os.path.join(env_dir, "bin", "python")),
     }
     return reply
@@ -1015,7 +1016,8 @@ def status(req: Json) -> Json:
     unit = read_text(req["unit_path"])
     exec_start = ""
     if isinstance(unit, str):
-        exec_start = next((line[10:] for line in unit.splitlines()
+        # lines end at \n only, as systemd reads them (not at U+2028 inside a value)
+        exec_start = next((line[10:] for line in unit.split("\n")
                            if line.startswith("ExecStart=")), "")
     health = None
     if service.get("ActiveState") == "active":

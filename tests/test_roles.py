@@ -1,0 +1,225 @@
+"""Roles as data: defaults and precedence, user roles rendered and planned (pure)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from vigil.deploy.plan import make_plan
+from vigil.deploy.roles import parse_role_facts, plan_roles
+from vigil.desired import inventory, review
+from vigil.desired.roles import BUILTIN, ROLES_DIR, load_all
+from vigil.desired.targets import resolve
+from vigil.errors import ConfigError, RefusedError, TemplateError
+
+REPO = Path(__file__).resolve().parent.parent
+ENV = {"HF_TOKEN": "x"}
+WITH_ROLE = "roles=[preflight,runtime,service,verify,health-log]"
+
+
+@pytest.fixture
+def inv_dir(tmp_path: Path) -> Path:
+    target = tmp_path / "inventory"
+    shutil.copytree(REPO / "inventory", target, ignore=shutil.ignore_patterns("hosts.d"))
+    return target
+
+
+@pytest.fixture
+def roles_dir(tmp_path: Path) -> Path:
+    target = tmp_path / "roles"
+    shutil.copytree(ROLES_DIR, target)
+    return target
+
+
+def test_every_builtin_role_has_defaults_and_the_service_role_owns_the_templates() -> None:
+    roles = load_all(ROLES_DIR)
+    assert set(BUILTIN) <= set(roles)
+    assert {"env_root", "keep_envs", "installer"} <= set(roles["runtime"].defaults)
+    assert {"restart_sec", "start_limit_burst", "start_limit_interval_s", "timeout_stop_s",
+            "limit_nofile", "port"} <= set(roles["service"].defaults)
+    assert {"poll_s", "phase_budget_s", "stall_window_s"} <= set(roles["verify"].defaults)
+    assert sorted(p.name for p in (ROLES_DIR / "service" / "templates").iterdir()) == [
+        "vllm.env.j2", "vllm.service.j2"]
+
+
+def test_precedence_role_defaults_all_group_host_set(inv_dir: Path) -> None:
+    inv = inventory.load(inv_dir)
+    res = inv.resolve("llm-one")
+    assert res.vars.restart_sec == 30 and res.origin["restart_sec"] == "roles/service/defaults.yml"
+    (inv_dir / "group_vars" / "all.yml").write_text("restart_sec: 40\nkeep_envs: 1\n")
+    (inv_dir / "group_vars" / "blackwell8.yml").write_text(
+        (inv_dir / "group_vars" / "blackwell8.yml").read_text() + "restart_sec: 50\n")
+    (inv_dir / "host_vars" / "llm-one.yml").write_text("restart_sec: 60\n")
+    inv = inventory.load(inv_dir)
+    one, two = inv.resolve("llm-one"), inv.resolve("llm-two")
+    assert (two.vars.restart_sec, two.origin["restart_sec"]) == (50, "group blackwell8")
+    assert (one.vars.restart_sec, one.origin["restart_sec"]) == (60, "host_vars/llm-one.yml")
+    assert (one.vars.keep_envs, one.origin["keep_envs"]) == (1, "group_vars/all")
+    flagged = inv.resolve("llm-one", {"restart_sec": 70})
+    assert (flagged.vars.restart_sec, flagged.origin["restart_sec"]) == (70, "--set")
+
+
+def test_unit_settings_come_from_the_host_variables(inv_dir: Path) -> None:
+    inv = inventory.load(inv_dir)
+    sets = ["restart_sec=7", "start_limit_burst=9", "start_limit_interval_s=99",
+            "timeout_stop_s=611", "limit_nofile=65536"]
+    (t,) = resolve(inv, "llm-one", model="glm-5", sets=sets, operator_env=ENV)
+    unit = t.rendered.unit_text
+    for line in ("RestartSec=7", "StartLimitBurst=9", "StartLimitIntervalSec=99",
+                 "TimeoutStopSec=611", "LimitNOFILE=65536"):
+        assert f"\n{line}\n" in unit
+
+
+def test_runtime_role_settings_reach_the_plan(inv_dir: Path) -> None:
+    from tests.test_plan import facts_for
+
+    inv = inventory.load(inv_dir)
+    (t,) = resolve(inv, "llm-one", model="glm-5", operator_env=ENV,
+                   sets=["installer=pip", "min_free_gib=1"])
+    facts = facts_for(t, packages=None, disk_free_bytes=2 * 2**30)
+    plan = make_plan(t.name, t.stack, t.rendered, facts, host=t.vars)
+    install = next(a for a in plan.actions if a.kind == "install_env")
+    assert install.payload["installer"] == "pip"
+    (t,) = resolve(inv, "llm-one", model="glm-5", operator_env=ENV, sets=["min_free_gib=5"])
+    with pytest.raises(RefusedError, match="needs 5 GiB"):
+        make_plan(t.name, t.stack, t.rendered, facts, host=t.vars)
+
+
+def test_render_shows_where_each_value_came_from(inv_dir: Path, tmp_path: Path) -> None:
+    inv = inventory.load(inv_dir)
+    (t,) = resolve(inv, "llm-one", model="glm-5", sets=["port=9000", WITH_ROLE],
+                   operator_env=ENV, require_secrets=False)
+    lines = review.variables(t)
+    assert 'port                          = 9000  (--set)' in lines
+    assert any(line.startswith("restart_sec ") and line.endswith("(roles/service/defaults.yml)")
+               for line in lines)
+    assert any(line.startswith("health_log_interval ") and "roles/health-log" in line
+               for line in lines)
+    written = review.write_files(t, tmp_path / "out")
+    timer = tmp_path / "out" / "health-log" / "etc/systemd/system/vigil-health-log.timer"
+    assert timer.is_file() and any(str(timer) in w for w in written)
+
+
+def test_user_role_renders_with_host_and_role_variables(inv_dir: Path) -> None:
+    inv = inventory.load(inv_dir)
+    (t,) = resolve(inv, "llm-one", model="glm-5", operator_env=ENV,
+                   sets=[WITH_ROLE, "health_log_interval=30s", "port=8123"])
+    (role,) = t.roles
+    files = {f.dest: f for f in role.files}
+    timer = files["/etc/systemd/system/vigil-health-log.timer"]
+    assert "OnUnitActiveSec=30s\n" in timer.content and timer.restart == "vigil-health-log.timer"
+    assert "http://127.0.0.1:8123/health" in files["/opt/vigil/health-log/check.py"].content
+    assert files["/opt/vigil/health-log/check.py"].mode == "755"
+    assert role.enable == ("vigil-health-log.timer",)
+
+
+def test_a_host_without_the_role_gets_no_role_files(inv_dir: Path) -> None:
+    inv = inventory.load(inv_dir)
+    (t,) = resolve(inv, "llm-one", model="glm-5", operator_env=ENV)
+    assert t.roles == () and t.takes("service") and not t.takes("health-log")
+
+
+def test_plan_of_a_user_role_converges_and_is_then_empty(inv_dir: Path) -> None:
+    inv = inventory.load(inv_dir)
+    (t,) = resolve(inv, "llm-one", model="glm-5", operator_env=ENV, sets=[WITH_ROLE])
+    fresh = plan_roles(t.roles, parse_role_facts({}))
+    kinds = [(a.kind, a.payload.get("path") or a.payload.get("args") or a.payload.get("unit"))
+             for a in fresh]
+    assert kinds == [
+        ("write_file", "/opt/vigil/health-log/check.py"),
+        ("write_file", "/etc/systemd/system/vigil-health-log.service"),
+        ("write_file", "/etc/systemd/system/vigil-health-log.timer"),
+        ("systemctl", ["daemon-reload"]),
+        ("systemctl", ["enable", "vigil-health-log.timer"]),
+        ("restart", "vigil-health-log.timer"),
+    ]
+    assert fresh[0].diff.startswith("--- /dev/null")
+    # the host as the first converge left it: nothing to do
+    files = {f.dest: {"text": f.content, "mode": f.mode, "owner": "root", "group": "root"}
+             for f in t.roles[0].files}
+    units = {"vigil-health-log.timer": {"UnitFileState": "enabled", "ActiveState": "active"}}
+    assert plan_roles(t.roles, parse_role_facts({"files": files, "units": units})) == []
+    # a changed mode rewrites the file, restarts nothing; a changed timer restarts the timer
+    script = "/opt/vigil/health-log/check.py"
+    timer = "/etc/systemd/system/vigil-health-log.timer"
+    drift = {**files, script: {**files[script], "mode": "644"}}
+    (only,) = plan_roles(t.roles, parse_role_facts({"files": drift, "units": units}))
+    assert only.kind == "write_file" and "mode 644 -> 755" in only.reason
+    drift = {**files, timer: {**files[timer], "text": "old\n"}}
+    acts = plan_roles(t.roles, parse_role_facts({"files": drift, "units": units}))
+    assert [a.kind for a in acts] == ["write_file", "systemctl", "restart"]
+    assert acts[2].payload == {"unit": "vigil-health-log.timer"}
+
+
+@pytest.mark.parametrize("bad, expect", [
+    ("roles=[../etc]", "role name '../etc' is not valid"),
+    ("roles=[Service]", "role name 'Service' is not valid"),
+    ("roles=[node-exporter]", "no role named 'node-exporter'"),
+    ("roles=[runtime]", "runtime and service go together"),
+    ("roles=[service, service, runtime]", "lists a role twice"),
+    ("roles=x", "roles must be a list"),
+    ("health_log_timeout_s=soon", "expected int like the role's default 3"),
+])
+def test_bad_role_selection_is_one_clear_error(inv_dir: Path, bad: str, expect: str) -> None:
+    inv = inventory.load(inv_dir)
+    sets = [bad] if bad.startswith("roles") else [WITH_ROLE, bad]
+    with pytest.raises(ConfigError) as err:
+        resolve(inv, "llm-one", model="glm-5", operator_env=ENV, sets=sets)
+    assert expect in str(err.value)
+
+
+@pytest.mark.parametrize("spec, expect", [
+    ("files: [{template: t.j2, dest: /etc/../root/x}]", "plain absolute path"),
+    ("files: [{template: t.j2, dest: relative/x}]", "files.0.dest"),
+    ("files: [{template: ../t.j2, dest: /x}]", "files.0.template"),
+    ("files: [{template: t.j2, dest: /x, mode: '0999'}]", "files.0.mode"),
+    ("files: [{template: missing.j2, dest: /x}]", "template 'missing.j2' not found"),
+    ("files: [{template: t.j2, dest: /x, restart: 'a b'}]", "files.0.restart"),
+    ("enable: [sshd]", "enable.0"),
+    ("files: [{template: t.j2, dest: /x, owner: 'root;rm'}]", "files.0.owner"),
+])
+def test_a_bad_user_role_is_refused_at_load(roles_dir: Path, inv_dir: Path, spec: str,
+                                            expect: str) -> None:
+    mine = roles_dir / "mine"
+    (mine / "templates").mkdir(parents=True)
+    (mine / "templates" / "t.j2").write_text("x\n")
+    (mine / "role.yml").write_text(spec + "\n")
+    with pytest.raises(ConfigError) as err:
+        inventory.load(inv_dir, roles_dir)
+    assert expect in str(err.value) and "roles/mine/role.yml" in str(err.value)
+
+
+def test_user_role_may_not_redefine_a_host_variable(roles_dir: Path, inv_dir: Path) -> None:
+    (roles_dir / "mine").mkdir()
+    (roles_dir / "mine" / "defaults.yml").write_text("port: 9100\n")
+    with pytest.raises(ConfigError, match="'port' is a vigil host variable"):
+        inventory.load(inv_dir, roles_dir)
+
+
+def test_builtin_role_defaults_are_host_variables(roles_dir: Path, inv_dir: Path) -> None:
+    (roles_dir / "service" / "defaults.yml").write_text("restart_secs: 5\n")
+    with pytest.raises(ConfigError, match="unknown key 'restart_secs'"):
+        inventory.load(inv_dir, roles_dir)
+
+
+def test_undefined_template_variable_names_the_template(roles_dir: Path,
+                                                        inv_dir: Path) -> None:
+    tpl = roles_dir / "health-log" / "templates" / "vigil-health-log.timer.j2"
+    tpl.write_text(tpl.read_text() + "{{ health_log_intervall }}\n")
+    inv = inventory.load(inv_dir, roles_dir)
+    with pytest.raises(TemplateError, match="health_log_intervall") as err:
+        resolve(inv, "llm-one", model="glm-5", operator_env=ENV, sets=[WITH_ROLE])
+    assert "vigil-health-log.timer.j2" in str(err.value)
+
+
+def test_role_variable_in_group_vars_is_accepted_and_typo_is_not(inv_dir: Path) -> None:
+    (inv_dir / "group_vars" / "all.yml").write_text("health_log_interval: 5min\n")
+    inv = inventory.load(inv_dir)
+    (t,) = resolve(inv, "llm-one", model="glm-5", operator_env=ENV, sets=[WITH_ROLE])
+    assert t.role_vars["health_log_interval"] == "5min"
+    assert t.origin["health_log_interval"] == "group_vars/all"
+    (inv_dir / "group_vars" / "all.yml").write_text("health_log_intervl: 5min\n")
+    with pytest.raises(ConfigError, match="did you mean 'health_log_interval'"):
+        inventory.load(inv_dir)
