@@ -45,7 +45,7 @@ class HostResult:
     seconds: float = 0.0
     round_trips: int = 0
     restarted: bool = False
-    serving: dict[str, Any] | None = None
+    exit_code: int = 0  # the error's documented code (README: exit codes); 0 when not failed
     verdict: str | None = None  # verify's verdict when the deploy watched a start
     verify: dict[str, Any] | None = None  # verify's JSON (phases, budgets, evidence, smoke)
 

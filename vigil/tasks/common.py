@@ -14,10 +14,17 @@ from invoke.context import Context
 from invoke.exceptions import Exit
 
 from vigil.desired import inventory
-from vigil.errors import VigilError
+from vigil.errors import ConfigError, VigilError
+from vigil.exitcodes import ExitCode
+from vigil.verify.watch import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTS_HELP = "host names, group names or 'all', comma separated"
+SET_HELP = "KEY=VALUE override of a host variable or profile field (repeatable)"
+# One exit-code policy for every task: bad input or a refusal first, then the worst
+# verdict (timed out > stalled > crashed > stopped), a stopped rollout, a failed host.
+SEVERITY = (ExitCode.BAD_INPUT, ExitCode.TIMED_OUT, ExitCode.STALLED, ExitCode.CRASHED,
+            ExitCode.STOPPED, ExitCode.ROLLOUT_STOPPED, ExitCode.FAILED)
 
 T = TypeVar("T")
 
@@ -26,6 +33,35 @@ def setting(c: Context, key: str) -> Path:
     """A path from the `vigil` config section, relative to the project root."""
     value = Path(str(c.config.vigil[key]))
     return value if value.is_absolute() else ROOT / value
+
+
+def watch_settings(c: Context, poll: float | None = None,
+                   stall: float | None = None) -> Settings:
+    """The watcher's settings, read here once from the Invoke config (``vigil.poll_s``,
+    ``vigil.history_min_samples``) with --poll/--stall on top: deploy, verify and rollback
+    watch a start the same way."""
+    cfg = c.config.vigil
+    try:
+        poll_s = float(poll if poll is not None else cfg.get("poll_s", 5.0))
+        min_samples = int(cfg.get("history_min_samples", 3))
+    except (TypeError, ValueError):
+        raise ConfigError("not a number", key="vigil.poll_s/history_min_samples",
+                          fix="set numbers in invoke.yaml") from None
+    if poll_s <= 0 or (stall is not None and stall <= 0) or min_samples < 1:
+        raise ConfigError("--poll and --stall must be positive seconds and "
+                          "history_min_samples at least 1", key="--poll/--stall",
+                          fix="e.g. --poll 5 --stall 60")
+    return Settings(poll_s=poll_s, stall_s=stall, min_samples=min_samples)
+
+
+def exit_with(codes: Iterable[int]) -> None:
+    """End the task with the most important of its hosts' exit codes (none: 0)."""
+    found = {int(c) for c in codes if c}
+    for code in SEVERITY:
+        if code in found:
+            raise Exit(code=int(code))
+    if found:
+        raise Exit(code=max(found))
 
 
 def load_inventory(c: Context) -> inventory.Inventory:

@@ -65,13 +65,12 @@ def drift(inv: inventory_mod.Inventory, name: str, stack: str | None,
     out = Drift(name, st.name)
     started = time.monotonic()
     try:
-        transport = connect(name, hv)
-        try:
-            reply = call(transport, hv, "packages",
-                         {"current": f"{hv.env_root}/current", "pip_check": pip_check})
-        finally:
-            out.round_trips = transport.round_trips
-            transport.close()
+        with connect(name, hv) as transport:
+            try:
+                reply = call(transport, hv, "packages",
+                             {"current": f"{hv.env_root}/current", "pip_check": pip_check})
+            finally:
+                out.round_trips = transport.round_trips
     except VigilError as exc:
         out.error = str(exc)
         return out
@@ -192,11 +191,8 @@ def preflight(c: Context, model: str | None = None, hosts: str = "all",
     def work(name: str) -> None:
         t = next(x for x in targets if x.name == name)
         try:
-            transport = connect(t.name, t.vars)
-            try:
+            with connect(t.name, t.vars) as transport:
                 facts = deploy_mod.gather(transport, t)
-            finally:
-                transport.close()
         except VigilError as exc:
             reports[name] = ([], [], str(exc))
             return

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, Self, cast
 
 import paramiko
 
@@ -55,6 +55,23 @@ class Transport(Protocol):
         ...
 
     def close(self) -> None: ...
+
+    def __enter__(self) -> Transport: ...
+
+    def __exit__(self, *exc: object) -> None: ...
+
+
+class Closing:
+    """A transport is a context manager: `with connect(...) as t:` closes it."""
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class Held(Protocol):
@@ -95,7 +112,7 @@ class _LocalHeld:
             self.proc.kill()
 
 
-class LocalTransport:
+class LocalTransport(Closing):
     def __init__(self, name: str) -> None:
         self.name = name
         self.round_trips = 0
@@ -117,10 +134,6 @@ class LocalTransport:
             ["bash", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
         )
         return _LocalHeld(proc)
-
-    def close(self) -> None:
-        pass
-
 
 # -- ssh -----------------------------------------------------------------------------
 
@@ -258,7 +271,7 @@ def _stderr_note(message: str) -> None:
     sys.stderr.flush()
 
 
-class SSHTransport:
+class SSHTransport(Closing):
     def __init__(self, name: str, host: HostVars,
                  note: Callable[[str], None] | None = None) -> None:
         from fabric import Connection

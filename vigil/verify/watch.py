@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -251,10 +253,25 @@ def verify_target(
         if on_note is not None:
             on_note(t.name, message)
 
-    own = transport is None
-    try:
+    with ExitStack() as owned:
         if transport is None:
-            transport = connect(t.name, t.vars)
+            try:
+                transport = owned.enter_context(connect(t.name, t.vars))
+            except VigilError as exc:
+                out.error, out.exit_code = str(exc), int(exc.exit_code)
+                transport = None
+        if transport is not None:
+            _verify_on(t, transport, settings, state_dir, out, note, on_poll, clock, sleep)
+            out.round_trips = transport.round_trips
+    out.seconds = round(clock() - t_start, 2)
+    return out
+
+
+def _verify_on(t: Target, transport: Transport, settings: Settings, state_dir: Path,
+               out: Outcome, note: Callable[[str], None],
+               on_poll: Callable[[str, reducer.WatchState, Snapshot, Budgets], None] | None,
+               clock: Clock, sleep: Sleep) -> None:
+    try:
         mirror = history.Mirror(state_dir / "history.sqlite")
         cores, host_records = history.read_host(transport, t.vars)
         added = mirror.add(host_records)
@@ -328,13 +345,20 @@ def verify_target(
     except ValueError as exc:  # the probe's output was not a snapshot
         out.error = f"{t.name}: {exc}"
         out.exit_code = int(ExitCode.FAILED)
-    finally:
-        if transport is not None:
-            out.round_trips = transport.round_trips
-            if own:
-                transport.close()
-        out.seconds = round(clock() - t_start, 2)
-    return out
+
+
+def verify_all(
+    targets: list[Target],
+    settings: Settings,
+    state_dir: Path,
+    *,
+    on_poll: Callable[[str, reducer.WatchState, Snapshot, Budgets], None] | None = None,
+    on_note: Callable[[str, str], None] | None = None,
+) -> list[Outcome]:
+    """Watch every target's start in parallel, each over its own connection."""
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(targets)))) as pool:
+        return list(pool.map(lambda t: verify_target(t, settings, state_dir, on_poll=on_poll,
+                                                     on_note=on_note), targets))
 
 
 def worst_exit(outcomes: list[Outcome]) -> int:

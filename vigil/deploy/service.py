@@ -1,0 +1,164 @@
+"""The running service on each host, through the agent: status, journal, rollback.
+
+Each function is one library call a task makes; the agent requests and the paths they
+name are built here, never in a task.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+from vigil.desired.config import HostVars
+from vigil.desired.inventory import Inventory
+from vigil.desired.render import CACHE_ROOT, service_paths
+from vigil.errors import HostError, VigilError
+from vigil.transport.remote import call
+from vigil.transport.ssh import Transport, connect, privileged
+from vigil.verify import watch
+from vigil.verify.report import Reporter
+
+T = TypeVar("T")
+
+
+@dataclass
+class HostRun(Generic[T]):
+    """One host's result, or the error that stopped it (never both)."""
+
+    host: str
+    value: T | None = None
+    error: VigilError | None = None
+
+
+def on_hosts(inv: Inventory, hosts: str,
+             work: Callable[[str, HostVars, Transport], T]) -> list[HostRun[T]]:
+    """Run `work` on every selected host in parallel, each over its own connection; the
+    results in the inventory's order."""
+    chosen = [(name, inv.host_vars(name)) for name in inv.select(hosts)]
+
+    def one(item: tuple[str, HostVars]) -> HostRun[T]:
+        name, hv = item
+        try:
+            with connect(name, hv) as transport:
+                return HostRun(name, value=work(name, hv, transport))
+        except VigilError as exc:
+            return HostRun(name, error=exc)
+
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(chosen)))) as pool:
+        return list(pool.map(one, chosen))
+
+
+def exec_flag(exec_start: str, *names: str) -> str | None:
+    """The value of the first `--name=value` word of an ExecStart line."""
+    try:
+        words = shlex.split(exec_start) if exec_start else []
+    except ValueError:  # a unit vigil did not write (unbalanced quotes): no value
+        return None
+    for name in names:
+        value = next((w.split("=", 1)[1] for w in words if w.startswith(f"--{name}=")), None)
+        if value:
+            return value
+    return None
+
+
+# -- status ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Status:
+    active_state: str
+    sub_state: str
+    main_pid: str
+    uptime_s: float | None
+    port: str | None
+    health: int | None
+    model: str | None  # the model path the unit serves
+    served_name: str | None  # what a completion must name
+
+    def line(self) -> str:
+        up = self.uptime_s
+        uptime = (f"{int(up // 3600)}h{int(up % 3600 // 60):02d}m{int(up % 60):02d}s"
+                  if up else "-")
+        return (f"{self.active_state or '?'}/{self.sub_state or '?':<9} "
+                f"pid {self.main_pid or '-':<7} up {uptime:<10} port {self.port or '-':<5} "
+                f"health {self.health or '-':<4} model {self.model or '-'}")
+
+
+def status(transport: Transport, hv: HostVars) -> Status:
+    """The unit's state, uptime, what its unit file serves and /health: one round trip."""
+    reply = call(transport, hv, "status", {
+        "unit": hv.service, "port": hv.port, "unit_path": service_paths(hv)["unit"]})
+    svc: dict[str, Any] = reply["service"]
+    exec_start = str(reply.get("exec_start") or "")
+    return Status(
+        active_state=str(svc.get("ActiveState", "")), sub_state=str(svc.get("SubState", "")),
+        main_pid=str(svc.get("MainPID", "")), uptime_s=reply.get("uptime_s"),
+        port=exec_flag(exec_start, "port"), health=reply.get("health"),
+        model=exec_flag(exec_start, "model"),
+        served_name=exec_flag(exec_start, "served-model-name", "model"))
+
+
+# -- logs -----------------------------------------------------------------------------
+
+
+def journal(transport: Transport, hv: HostVars, lines: int) -> str:
+    """The last `lines` lines of the service's journal: one round trip."""
+    return str(call(transport, hv, "logs", {"unit": hv.service, "lines": lines},
+                    timeout=60).get("text") or "")
+
+
+def follow(transport: Transport, hv: HostVars, lines: int,
+           emit: Callable[[str], None]) -> None:
+    """Print the journal as it grows until the connection ends (`journalctl -f` is a
+    stream, not one JSON reply: the one thing on the host that is not an agent verb)."""
+    held = transport.hold(privileged(
+        f"journalctl -u {shlex.quote(hv.service)} -n {int(lines)} --no-pager -o short-iso -f",
+        hv))
+    try:
+        while (line := held.readline(timeout=3600)) != "":
+            if line:
+                emit(line.rstrip("\n"))
+    finally:
+        held.release()
+
+
+# -- rollback -------------------------------------------------------------------------
+
+
+def probe_target(hv: HostVars, served: str) -> watch.ProbeTarget:
+    """What the watcher needs of a service the inventory no longer describes (the
+    restored release): paths from the host's variables, the model from its unit."""
+    return watch.ProbeTarget(
+        unit=hv.service, port=hv.port, user=hv.service_user,
+        cache_dir=f"{CACHE_ROOT}/{hv.service}", python=f"{hv.env_root}/current/bin/python",
+        model=served, api_key=dict(hv.env).get("VLLM_API_KEY"))
+
+
+def rollback(transport: Transport, hv: HostVars, *, wait: bool, settings: watch.Settings,
+             state_dir: Path, log: Callable[[str, str], None]) -> int | None:
+    """Swap the kept release back in, restart, and (with `wait`) watch it start with the
+    verify watcher until it is proven ready; its main PID."""
+    name = transport.name
+    reply = call(transport, hv, "rollback", {"unit": hv.service, "paths": service_paths(hv)},
+                 timeout=600)
+    if not reply["ok"]:
+        raise HostError(name, f"rollback failed: {reply['error']}")
+    log(name, f"restored {', '.join(reply['restored'])}; restarted")
+    if not wait:
+        return None
+    served = status(transport, hv).served_name or ""
+    out = watch.watch_service(name, transport, probe_target(hv, served), settings, state_dir,
+                              privileged_fn=lambda cmd: privileged(cmd, hv),
+                              on_poll=Reporter(live=False, emit=log).poll)
+    if out.error is not None:
+        raise VigilError(out.error)
+    st = out.state
+    assert st is not None
+    if st.verdict != "ready":
+        raise HostError(name, f"after rollback: {st.verdict} ({st.cause}): {st.proof}",
+                        fix=st.remedy)
+    return st.main_pid

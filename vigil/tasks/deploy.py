@@ -1,0 +1,181 @@
+"""Invoke tasks of the service on its hosts: ``deploy``, ``render``, ``status``, ``logs``,
+``rollback``. Each parses its flags, makes one library call and reports."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from invoke.context import Context
+from invoke.tasks import task
+
+from vigil.deploy import apply as deploy_mod
+from vigil.deploy import service
+from vigil.desired import review
+from vigil.desired import targets as targets_mod
+from vigil.report import Log, results_json, summary_table, write_json
+from vigil.tasks.common import (
+    HOSTS_HELP,
+    SET_HELP,
+    exit_with,
+    load_inventory,
+    setting,
+    user_errors,
+    watch_settings,
+)
+
+
+@task(
+    help={
+        "model": "model profile (inventory/models/NAME.yml); default: the host's `model`",
+        "hosts": HOSTS_HELP,
+        "check": "show the plan and diffs, change nothing",
+        "restart": "restart even when nothing changed",
+        "stack": "runtime stack (inventory/stacks/NAME.yml); default: the host's `stack`",
+        "set": SET_HELP,
+        "json": "write the per-host summary as JSON to this file",
+        "no_wait": "do not wait until the service serves",
+        "reinstall": "build a fresh environment beside the current one; switch only if it "
+        "passes verification",
+        "kill_stale": "end processes outside the service that hold GPU memory",
+        "serial": "roll in batches: a count, a percentage or a list (1,25%,100%); each "
+        "batch starts once every host of the one before is ready or failed",
+        "max_fail": "failed hosts a batch may have (count or %, default 0) before the "
+        "rollout stops; later hosts stay untouched",
+        "rollback_failed": "when the rollout stops, put its failed hosts back on their "
+        "previous release and verify them",
+        "junit": "write a JUnit XML report (one test case per host) to this file",
+        "before_stop": "command run on this machine before a host's service restarts "
+        "(VIGIL_HOST, VIGIL_ADDRESS, VIGIL_PORT in its environment)",
+        "after_ready": "command run on this machine once a restarted host is proven ready",
+    },
+    iterable=["set_"],
+)
+def deploy(
+    c: Context,
+    model: str | None = None,
+    hosts: str = "all",
+    check: bool = False,
+    restart: bool = False,
+    stack: str | None = None,
+    set_: list[str] | None = None,
+    json: str | None = None,
+    no_wait: bool = False,
+    reinstall: bool = False,
+    kill_stale: bool = False,
+    serial: str | None = None,
+    max_fail: str | None = None,
+    rollback_failed: bool = False,
+    junit: str | None = None,
+    before_stop: str | None = None,
+    after_ready: str | None = None,
+) -> None:
+    """Plan, apply, restart only what changed, and wait until the service serves."""
+    from vigil.deploy import rollout
+    from vigil.deploy.hooks import Hooks
+
+    with user_errors():
+        targets = targets_mod.resolve(
+            load_inventory(c), hosts, model=model, stack=stack, sets=set_ or [],
+            template_dir=setting(c, "templates"),
+        )
+        log = Log(width=max(len(t.name) for t in targets))
+        opts = deploy_mod.Options(check=check, restart=restart, wait=not no_wait,
+                                  reinstall=reinstall, kill_stale=kill_stale,
+                                  watch=watch_settings(c), state_dir=setting(c, "state_dir"),
+                                  hooks=Hooks.parse(before_stop, after_ready))
+        if serial or max_fail or rollback_failed or junit:
+            ro = rollout.run(targets, opts, log, serial=serial, max_fail=max_fail,
+                             rollback_failed=rollback_failed)
+            print(rollout.summary(ro))
+            if json:
+                write_json(json, rollout.rollout_json(ro))
+            if junit:
+                rollout.write_junit(junit, ro)
+            exit_with([ro.exit_code])
+            return
+        results = deploy_mod.deploy(targets, opts, log)
+        print(summary_table(results))
+        if json:
+            write_json(json, results_json(results))
+    exit_with([r.exit_code for r in results])
+
+
+@task(
+    help={
+        "model": "model profile; default: the host's `model`",
+        "hosts": HOSTS_HELP,
+        "out": "directory to write each host's files into (OUT/HOST/)",
+        "stack": "runtime stack; default: the host's `stack`",
+        "set": SET_HELP,
+    },
+    iterable=["set_"],
+)
+def render(
+    c: Context,
+    hosts: str = "all",
+    model: str | None = None,
+    out: str = "rendered",
+    stack: str | None = None,
+    set_: list[str] | None = None,
+) -> None:
+    """Write each host's files (secrets masked) to OUT/HOST/; where each variable is set."""
+    with user_errors():
+        targets = targets_mod.resolve(
+            load_inventory(c), hosts, model=model, stack=stack, sets=set_ or [],
+            template_dir=setting(c, "templates"), require_secrets=False,
+        )
+        for t in targets:
+            print("\n".join(review.write_files(t, Path(out) / t.name)))
+            print(f"\nvariables of {t.name} (lowest first: role defaults < group_vars/all < "
+                  "group < host < --set):")
+            print("\n".join(review.variables(t)) + "\n")
+
+
+def _report(runs: list[service.HostRun[str]], width: int | None = None) -> None:
+    width = width or max(len(r.host) for r in runs)
+    for r in runs:
+        text = r.value if r.error is None else f"unreachable  {str(r.error).splitlines()[0]}"
+        print(f"{r.host:<{width}}  {text}")
+
+
+@task(help={"hosts": HOSTS_HELP})
+def status(c: Context, hosts: str = "all") -> None:
+    """Unit state, main PID, uptime, model, port and /health of each host."""
+    with user_errors():
+        runs = service.on_hosts(load_inventory(c), hosts,
+                                lambda name, hv, t: service.status(t, hv).line())
+    _report(runs)
+    exit_with([int(r.error.exit_code) for r in runs if r.error is not None])
+
+
+@task(help={"hosts": HOSTS_HELP, "follow": "keep printing new lines", "lines": "how many"})
+def logs(c: Context, hosts: str = "all", follow: bool = False, lines: int = 100) -> None:
+    """The service's journal on each host."""
+    log = Log()
+    with user_errors():
+        if follow:
+            runs = service.on_hosts(load_inventory(c), hosts, lambda name, hv, t: service.follow(
+                t, hv, lines, lambda line: log(name, line)))
+        else:
+            runs = service.on_hosts(load_inventory(c), hosts, lambda name, hv, t: log(
+                name, service.journal(t, hv, lines).rstrip("\n")))
+    for r in runs:
+        if r.error is not None:
+            log(r.host, f"error: {r.error}")
+    exit_with([int(r.error.exit_code) for r in runs if r.error is not None])
+
+
+@task(help={"hosts": HOSTS_HELP, "no_wait": "do not wait until the service serves"})
+def rollback(c: Context, hosts: str = "all", no_wait: bool = False) -> None:
+    """Put the previous unit, env file and environment back, restart, wait until serving."""
+    log = Log()
+    with user_errors():
+        settings, state_dir = watch_settings(c), setting(c, "state_dir")
+        runs = service.on_hosts(load_inventory(c), hosts, lambda name, hv, t: service.rollback(
+            t, hv, wait=not no_wait, settings=settings, state_dir=state_dir, log=log))
+    for r in runs:
+        if r.error is not None:
+            log(r.host, f"FAILED: {r.error}")
+        elif not no_wait:
+            log(r.host, f"serving again, pid {r.value}")
+    exit_with([int(r.error.exit_code) for r in runs if r.error is not None])

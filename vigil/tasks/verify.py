@@ -1,0 +1,94 @@
+"""Invoke tasks of verification: ``verify``, ``history``, ``replay``. Each parses its
+flags, makes one library call and reports."""
+
+from __future__ import annotations
+
+import json as json_mod
+
+from invoke.context import Context
+from invoke.tasks import task
+
+from vigil.desired import targets as targets_mod
+from vigil.report import write_json
+from vigil.tasks.common import (
+    HOSTS_HELP,
+    SET_HELP,
+    exit_with,
+    load_inventory,
+    setting,
+    user_errors,
+    watch_settings,
+)
+from vigil.verify import history as history_mod
+from vigil.verify import replay as replay_mod
+from vigil.verify import report as verify_report
+from vigil.verify import watch
+
+
+@task(
+    help={
+        "hosts": HOSTS_HELP,
+        "model": "model profile; default: the host's `model`",
+        "stack": "runtime stack; default: the host's `stack` (as deploy)",
+        "set": SET_HELP + " (as deploy: verify what was deployed)",
+        "json": "write verdicts, phases, budgets, evidence and smoke as JSON to this file",
+        "junit": "write a JUnit XML report (one test case per host) to this file",
+        "poll": "seconds between polls (default vigil.poll_s, 5)",
+        "stall": "override every phase's stall window, in seconds",
+    },
+    iterable=["set_"],
+)
+def verify(
+    c: Context,
+    hosts: str = "all",
+    model: str | None = None,
+    stack: str | None = None,
+    set_: list[str] | None = None,
+    json: str | None = None,
+    junit: str | None = None,
+    poll: float | None = None,
+    stall: float | None = None,
+) -> None:
+    """Watch each host's vLLM start phase by phase: ready, stalled, crashed or timed out."""
+    with user_errors():
+        settings = watch_settings(c, poll, stall)
+        targets = targets_mod.resolve(load_inventory(c), hosts, model=model, stack=stack,
+                                     sets=set_ or [], template_dir=setting(c, "templates"))
+        with verify_report.Reporter() as rep:
+            outcomes = watch.verify_all(targets, settings, setting(c, "state_dir"),
+                                        on_poll=rep.poll, on_note=rep.note)
+        code = watch.worst_exit(outcomes)
+        print(verify_report.summary(outcomes))
+        if json:
+            write_json(json, verify_report.run_json(outcomes, code))
+        if junit:
+            verify_report.write_junit(junit, outcomes)
+    exit_with([code])
+
+
+@task(help={"model": "only this model profile", "hosts": HOSTS_HELP + " (default: every host)"})
+def history(c: Context, model: str | None = None, hosts: str | None = None) -> None:
+    """Past starts from the local mirror: phase durations, verdicts, cold/warm."""
+    with user_errors():
+        names = load_inventory(c).select(hosts) if hosts else None
+        mirror = history_mod.Mirror(setting(c, "state_dir") / "history.sqlite")
+        print(verify_report.history_table(mirror.records(model=model, hosts=names)))
+
+
+@task(help={"json": "print the result as JSON"}, positional=["file"])
+def replay(c: Context, file: str, json: bool = False) -> None:
+    """Re-run the watcher on a recorded trace or a vLLM log: phases and verdict."""
+    with user_errors():
+        out = replay_mod.replay_file(file)
+    if json:
+        print(json_mod.dumps(out, indent=2))
+        return
+    for ph in out["phases"]:
+        print(f"{ph['name']:<18} {ph['duration_s']:>9.1f} s")
+    line = f"verdict: {out['verdict'] or 'none'}"
+    if out.get("cause"):
+        line += f" ({out['cause']})"
+    print(line)
+    for key in ("proof", "remedy", "evidence", "note"):
+        if out.get(key):
+            print(f"{key}: {out[key]}")
