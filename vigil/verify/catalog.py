@@ -127,6 +127,8 @@ PHASE_RECORDS: tuple[Phase, ...] = (
             _mk("model_loading_took", "end",
                 r"Model loading took (?P<gib>[0-9.]+) ?GiB(?: memory)? and "
                 r"(?P<seconds>[0-9.]+) seconds"),
+            # V0 model_runner (0.4 → 0.8): "Loading model weights took 19.8557 GB"
+            _mk("v0_weights_took", "end", r"Loading model weights took (?P<gib>[0-9.]+) ?GB"),
         ),
         frames=frozenset({"load_model", "load_weights", "get_model", "_initialize_model",
                           "initialize_model", "create_weights", "safetensors_weights_iterator",
@@ -170,7 +172,9 @@ PHASE_RECORDS: tuple[Phase, ...] = (
             _mk("kv_available", "start", r"Available KV cache memory: (?P<gib>[0-9.]+) ?GiB"),
             _mk("kv_size", "end", r"(?:GPU|CPU|XPU|TPU)? ?KV cache size: " + _NUM + r" tokens"),
             _mk("kv_concurrency", "end", r"Maximum concurrency for " + _NUM + r" tokens"),
-            _mk("kv_blocks_v0", "end", r"# (?:GPU|CUDA) blocks: \d+, # CPU blocks: \d+"),
+            # V0 worker: "Memory profiling takes 19.77 seconds", then the block counts
+            _mk("memory_profiling", "progress", r"Memory profiling takes [0-9.]+ seconds"),
+            _mk("kv_blocks_v0", "end", r"# (?:GPU|CUDA|cuda) blocks: \d+, # CPU blocks: \d+"),
         ),
         frames=frozenset({"profile_run", "determine_available_memory",
                           "determine_num_available_blocks", "initialize_cache",
@@ -183,7 +187,11 @@ PHASE_RECORDS: tuple[Phase, ...] = (
         "capturing_graphs", "capturing CUDA graphs", "graphs",
         budget_s=300.0, stall_s=300.0, progress=SIGNALS,
         markers=(
-            _mk("capture_start", "start", r"Capturing (?:CUDA|cuda) ?graphs"),
+            # V1 "Capturing CUDA graphs (…)"; V0 0.5 "Capturing the model for CUDA graphs",
+            # 0.6-0.8 "Capturing cudagraphs for decoding" and the "CUDA graph shapes" bar
+            _mk("capture_start", "start",
+                r"Capturing (?:CUDA|cuda) ?graphs|Capturing the model for CUDA graphs"
+                r"|Capturing CUDA graph shapes"),
             _mk("capture_done", "end",
                 r"Graph capturing finished in (?P<seconds>[0-9.]+) secs?"
                 r"(?:, took (?P<gib>[0-9.]+) GiB)?"),
@@ -459,7 +467,9 @@ CAUSES: tuple[Cause, ...] = (
     Cause(
         "unknown",
         (r"WorkerProc failed to start|EngineCore failed to start"
-         r"|Engine core initialization failed",),
+         r"|Engine core initialization failed|EngineCore hit an exception"
+         # multiproc_executor.wait_for_ready, 0.9+
+         r"|WorkerProc initialization failed due to an exception",),
         ("0.10", "0.33"),
         "the engine failed to start: read the root-cause traceback above this line in the "
         "journal (journalctl -u UNIT -n 200)",

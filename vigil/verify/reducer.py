@@ -322,6 +322,12 @@ def _best_fatal(fatal: tuple[Fatal, ...]) -> Fatal | None:
 def _finish(state: WatchState, verdict: str, cause: str | None, proof: str | None,
             remedy: str | None, now: float, budgets: Budgets) -> WatchState:
     spans = state.spans
+    if verdict != "ready" and spans and spans[-1].end is not None \
+            and spans[-1].name not in ("api_starting", "ready"):
+        # Past a phase's end marker the start is in the next phase (the clock says so
+        # too): a failure there is that phase's.
+        nxt = PHASES[PHASES.index(spans[-1].name) + 1]
+        spans = (*spans, PhaseSpan(nxt, spans[-1].end, now))
     if spans and spans[-1].end is None:
         spans = (*spans[:-1], replace(spans[-1], end=now))
     if verdict == "ready":
