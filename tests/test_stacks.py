@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vigil.deploy.runtime import verify_install
+from vigil.deploy.runtime import import_remedy, verify_install
 from vigil.desired import inventory
 from vigil.desired.config import Stack
 from vigil.desired.stacks import check, check_rules, pip_check_problems, public
@@ -27,7 +27,7 @@ VLLM_344 = "0.16.0rc2.dev344+gea5f903f8"
 
 
 def wheel(out: Path, name: str, version: str, requires: tuple[str, ...] = (),
-          module: str | None = None) -> Path:
+          module: str | None = None, body: str | None = None) -> Path:
     """A minimal but valid wheel (PEP 427): METADATA, WHEEL, RECORD with hashes."""
     dist = name.replace("-", "_")
     info = f"{dist}-{version}.dist-info"
@@ -38,7 +38,7 @@ def wheel(out: Path, name: str, version: str, requires: tuple[str, ...] = (),
                          "Tag: py3-none-any\n",
     }
     if module:
-        files[f"{module}/__init__.py"] = f"__version__ = {version!r}\n"
+        files[f"{module}/__init__.py"] = body or f"__version__ = {version!r}\n"
     record = []
     for member, text in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
@@ -151,7 +151,7 @@ def test_agent_install_is_verified_against_the_rules(tmp_path: Path, wheels: Pat
         "requirements": [f"{n}=={v}" for n, v in st.packages.items()],
         "remove": [], "find_links": [str(wheels)],
         "index_url": (wheels / "simple").as_uri(), "extra_index_urls": [],
-        "import_check": "import vllm",
+        "imports": ["vllm"],
     })
     assert reply["ok"], reply
     assert (tmp_path / "envs" / "t-abc.constraints.txt").read_text().splitlines() == \
@@ -170,11 +170,59 @@ def test_agent_install_that_cannot_resolve_leaves_nothing(tmp_path: Path, wheels
         "env_dir": str(env_dir), "python": sys.executable, "installer": "pip",
         "requirements": ["vllm==9.9.9"], "remove": [], "find_links": [str(wheels)],
         "index_url": (wheels / "simple").as_uri(), "extra_index_urls": [],
-        "import_check": "import vllm",
+        "imports": ["vllm"],
     })
     assert not reply["ok"] and "exit 1" in reply["error"]
     assert "vllm==9.9.9" in reply["tail"]
     assert not env_dir.exists()
+
+
+# flashinfer 0.6.4's own words next to flashinfer-cubin 0.6.3, measured on the lab (LAB.md)
+FLASHINFER_PAIR_ERROR = (
+    "RuntimeError: flashinfer-cubin version (0.6.3) does not match flashinfer version "
+    "(0.6.4). Please install the same version of both packages. Set "
+    "FLASHINFER_DISABLE_VERSION_CHECK=1 to bypass this check.")
+
+
+def test_agent_imports_each_module_and_quotes_the_failure(tmp_path: Path,
+                                                           wheels: Path) -> None:
+    """Each of verify_imports in its own interpreter: vllm imports, the broken module's
+    exception line is quoted, and the environment is not left behind."""
+    wheel(wheels, "pairchecked", "1.0", module="pairchecked",
+          body="raise RuntimeError('the pair does not match')\n")
+    env_dir = tmp_path / "envs" / "t-abc"
+    try:
+        reply = agent.install_env({
+            "env_dir": str(env_dir), "python": sys.executable, "installer": "pip",
+            "requirements": [f"vllm=={VLLM_344}", "pairchecked==1.0"], "remove": [],
+            "find_links": [str(wheels)], "index_url": (wheels / "simple").as_uri(),
+            "extra_index_urls": [], "imports": ["vllm", "pairchecked", "vllm; import os"],
+        })
+    finally:
+        (wheels / "pairchecked-1.0-py3-none-any.whl").unlink()
+    assert reply["imports"] == {"vllm": None,
+                                "pairchecked": "RuntimeError: the pair does not match",
+                                "vllm; import os": "not a module name"}
+    assert not reply["ok"] and not env_dir.exists()
+    st = stack(packages={"vllm": VLLM_344, "pairchecked": "1.0"},
+               verify_imports=["vllm", "pairchecked"])
+    assert "import pairchecked: RuntimeError: the pair does not match" in \
+        "\n".join(verify_install(st, reply))
+
+
+def test_a_failed_import_gets_the_catalog_remedy() -> None:
+    reply = {"ok": False, "imports": {"vllm": None, "flashinfer": FLASHINFER_PAIR_ERROR}}
+    assert verify_install(stack(), reply)[-1] == f"import flashinfer: {FLASHINFER_PAIR_ERROR}"
+    remedy = import_remedy(reply)
+    assert remedy is not None and "pip install flashinfer-cubin==0.6.4 (have 0.6.3)" in remedy
+    assert import_remedy({"imports": {"vllm": "ModuleNotFoundError: No module named 'x'"}}) \
+        is None
+
+
+def test_verify_imports_must_be_module_names() -> None:
+    assert stack().verify_imports == ["vllm"]
+    with pytest.raises(ValueError, match="not a module name"):
+        stack(verify_imports=["vllm", "flashinfer; rm -rf /"])
 
 
 def test_pip_check_ignores_what_the_stack_removes(tmp_path: Path, wheels: Path) -> None:
@@ -216,6 +264,8 @@ def test_stack_whose_pins_break_its_rules_is_refused(tmp_path: Path) -> None:
         inventory.load(root).stack("bad")
     assert "bad.yml" in str(err.value)
     assert "flashinfer-cubin 0.6.3" in str(err.value) and "same_version" in str(err.value)
+    assert "fix: pin flashinfer-cubin to 0.6.4 too, or put the others back to 0.6.3" in \
+        str(err.value)
     (root / "stacks" / "bad.yml").write_text(yaml.safe_dump({
         "packages": {"vllm": "1.0"},
         "rules": {"requires": [{"package": "vllm", "needs": {"torch": "two"}}]}}))

@@ -9,11 +9,19 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 # Values end up in a systemd unit and an environment file: no control characters,
-# so a value can never start a new line (a new key) there.
-_SAFE_TEXT = re.compile(r"^[^\x00-\x1f\x7f]*$")
+# so a value can never start a new line (a new key) there; nor C1 controls and U+2028/
+# U+2029, which Python's splitlines (and many viewers) take for line ends.
+_SAFE_TEXT = re.compile(r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _UNIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")
 _USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]*\$?$")
@@ -21,11 +29,34 @@ _PKG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _FINGERPRINT = re.compile(r"^SHA256:[A-Za-z0-9+/]{43}$")
 
 SafeText = Annotated[str, Field(pattern=_SAFE_TEXT.pattern)]
-AbsPath = Annotated[str, Field(pattern=r"^/[^\x00-\x1f\x7f]*$")]
+# One pattern for every name that becomes part of a path on a host or here (host,
+# profile, stack, role): no '/', no leading '.', so never '..' nor a hidden file.
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+
+
+def _abs_path(v: str) -> str:
+    if not v.startswith("/") or not _SAFE_TEXT.match(v) or ".." in v.split("/"):
+        raise ValueError("must be an absolute path without control characters or '..'")
+    return v
+
+
+def check_name(kind: str, v: str) -> str:
+    if not NAME.match(v):
+        raise ValueError(
+            f"{kind} name {v[:120]!r} must be 1-100 letters, digits, '_', '.' or '-', not "
+            "starting with '.' or '-' (it becomes part of a path)"
+        )
+    return v
+
+
+Name = Annotated[str, AfterValidator(lambda v: check_name("the", v))]
+
+AbsPath = Annotated[str, AfterValidator(_abs_path)]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: no coercion, so `port: true` is an error, not --port=1, and "8000" is no int
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 def _check_env(env: dict[str, str]) -> dict[str, str]:
@@ -67,8 +98,8 @@ class HostVars(Strict):
     # what it has
     gpu: Gpu | None = None
     # what runs there
-    model: SafeText | None = None
-    stack: SafeText | None = None
+    model: Name | None = None
+    stack: Name | None = None
     service: str = "vllm"
     service_user: str = "vllm"
     bind: SafeText = "0.0.0.0"
@@ -166,16 +197,16 @@ class HostVars(Strict):
 class ModelProfile(Strict):
     """How to serve one model: the vLLM arguments and what the model needs."""
 
-    name: SafeText
+    name: Name
     description: SafeText = ""
     path: SafeText = Field(description="the model directory on the host (or a hub id)")
     served_model_name: SafeText | None = None
     device: Literal["cuda", "cpu"] = "cuda"
-    stack: SafeText | None = None
+    stack: Name | None = None
     tensor_parallel_size: int = Field(1, ge=1)
     pipeline_parallel_size: int = Field(1, ge=1)
     data_parallel_size: int = Field(1, ge=1)
-    max_model_len: int = Field(ge=16)
+    max_model_len: int = Field(ge=16, le=2**24)  # bounded if config.json is silent
     max_position_embeddings: int | None = Field(
         None, ge=16, description="the model's limit; refused above it"
     )
@@ -293,7 +324,7 @@ class Stack(Strict):
                         raise ValueError(f"{name!r} is not a package name")
             return v
 
-    name: SafeText
+    name: Name
     description: SafeText = ""
     python: AbsPath = "/usr/bin/python3"
     packages: dict[str, str] = Field(min_length=1, description="distribution -> exact version")
@@ -372,8 +403,14 @@ class Stack(Strict):
         broken = check_rules(self, self.packages, missing_ok=True)
         if broken:
             f = broken[0]
+            if f.rule.startswith("same_version"):  # the incident: one of a pair moved alone
+                want = f.expected.split()[2]  # "must be 0.6.4 like the others"
+                fix = f"pin {f.package} to {want} too, or put the others back to {f.version}"
+            else:
+                fix = f"change the pin of {f.package}: {f.expected}"
             raise ValueError(
-                f"the pins break rule {f.rule}: {f.package} {f.version} ({f.expected})"
+                f"the pins break rule {f.rule}: {f.package} {f.version} ({f.expected}); "
+                f"a build from them would be refused; fix: {fix}"
             )
         return self
 
@@ -387,3 +424,11 @@ class HostsFile(Strict):
     # a host's own variables inline (address, ssh_port, gpu, ...), or nothing
     hosts: dict[str, dict[str, object] | None] = Field(default_factory=dict)
     groups: dict[str, Group] = Field(default_factory=dict)
+
+    @field_validator("hosts", "groups")
+    @classmethod
+    def _names(cls, v: dict[str, object]) -> dict[str, object]:
+        # a host's name names its trace and history files under state/
+        for name in v:
+            check_name("host or group", str(name))
+        return v
