@@ -133,9 +133,9 @@ def _snap(t: float, *lines: str, health: int | None = None, unit: Unit | None = 
 UP = Unit(active_state="active", sub_state="running", main_pid=7, n_restarts=0)
 
 
-def test_health_200_alone_is_not_ready_and_asks_for_a_smoke() -> None:
+def test_health_200_alone_is_not_ready() -> None:
     st = fold([_snap(0, "Application startup complete."), _snap(10, health=200)])[-1]
-    assert st.verdict is None and st.needs_smoke
+    assert st.verdict is None and st.health_ok
 
 
 def test_health_200_and_tokens_is_ready() -> None:

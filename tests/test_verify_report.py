@@ -51,6 +51,24 @@ def test_plain_lines_follow_changes_not_polls() -> None:
 
 
 def test_plain_lines_heartbeat_once_a_minute() -> None:
+    """A start that shows nothing new (same phase, verdict and progress) still prints one
+    line a minute, and only one: a pipeline log shows the watch is alive."""
+    _, snaps = replay.load(TRACES / "lab-sigstop-stalled.jsonl")
+    state = reducer.step(reducer.initial(), snaps[0], Budgets())
+    out = io.StringIO()
+    t = [1000.0]
+    rep = verify_report.Reporter(out, live=False, clock=lambda: t[0])
+    printed_at: list[float] = []
+    for _ in range(30):  # 150 s of polls every 5 s, nothing changing
+        before = len(out.getvalue().splitlines())
+        rep.poll("lab5", state, snaps[0], Budgets())
+        if len(out.getvalue().splitlines()) > before:
+            printed_at.append(t[0])
+        t[0] += 5.0
+    assert printed_at == [1000.0, 1060.0, 1120.0]
+
+
+def test_plain_lines_end_with_the_stall_verdict() -> None:
     _, snaps = replay.load(TRACES / "lab-sigstop-stalled.jsonl")
     out = io.StringIO()
     t = [0.0]

@@ -154,11 +154,6 @@ class WatchState:
     def phase(self) -> str:
         return self.spans[-1].name if self.spans else "bootstrap"
 
-    @property
-    def needs_smoke(self) -> bool:
-        """The watcher should now send a real completion and pass its result in."""
-        return self.verdict not in TERMINAL and self.health_ok
-
 
 def initial() -> WatchState:
     return WatchState()
