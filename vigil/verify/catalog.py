@@ -325,8 +325,17 @@ CAUSES: tuple[Cause, ...] = (
          r"The number of required GPUs exceeds the total number of available GPUs in the "
          r"placement group",
          r"Current node has no GPU available|requires \d+ GPUs? but only \d+ (?:is|are) "
-         r"available"),
-        ("0.5 (Ray)", "0.10", "0.33"),
+         r"available",
+         # mp executor (0.6 → 0.10): "please ensure that world_size (2) is less than than
+         # max local gpu count (1)"
+         r"world_size \((?P<world1>\d+)\) is less than than max local gpu count",
+         # V1 gpu_worker (0.11): local_world_size (16) must be … visible devices (8)
+         r"local_world_size \((?P<world2>\d+)\) must be less than or equal to the number "
+         r"of visible devices",
+         # config validation (0.11.1+), vllm#30061 and others
+         r"Tensor parallel size \((?P<world3>\d+)\) cannot be larger than the number of "
+         r"available GPUs"),
+        ("0.2.7 (Ray)", "0.5 (Ray)", "0.7", "0.10", "0.11", "0.33"),
         "tensor x pipeline parallel size{world_note} exceeds the visible GPUs: lower "
         "--tensor-parallel-size/--pipeline-parallel-size or fix CUDA_VISIBLE_DEVICES (and, "
         "with Ray, the GPUs each node offers)",
@@ -469,7 +478,9 @@ CAUSES: tuple[Cause, ...] = (
         (r"WorkerProc failed to start|EngineCore failed to start"
          r"|Engine core initialization failed|EngineCore hit an exception"
          # multiproc_executor.wait_for_ready, 0.9+
-         r"|WorkerProc initialization failed due to an exception",),
+         r"|WorkerProc initialization failed due to an exception"
+         # the executor/core client relaying a worker's SIGUSR1 (0.8+)
+         r"|[Gg]ot fatal signal from worker processes",),
         ("0.10", "0.33"),
         "the engine failed to start: read the root-cause traceback above this line in the "
         "journal (journalctl -u UNIT -n 200)",
@@ -618,6 +629,9 @@ def remedy_for(cause: str, values: Mapping[str, str] | None = None) -> str:
     v.setdefault("want", "<flashinfer-python version>")
     v.setdefault("have", "?")
     v["len_note"] = f" ({v['len']})" if v.get("len") else ""
+    for alt in ("world1", "world2", "world3"):
+        if alt in v and "world" not in v:
+            v["world"] = v[alt]
     v["world_note"] = f" ({v['world']})" if v.get("world") else ""
     rec = CAUSE.get(cause)
     template = rec.remedy if rec is not None else VERDICT_REMEDIES.get(
