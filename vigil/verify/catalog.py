@@ -344,7 +344,9 @@ CAUSES: tuple[Cause, ...] = (
     Cause(
         "nccl_error",
         (r"NCCL error|Failed to load NCCL library|NCCL WARN .*(?:failed|error)"
-         r"|ncclSystemError|ncclInternalError|ncclUnhandledCudaError",),
+         r"|ncclSystemError|ncclInternalError|ncclUnhandledCudaError"
+         # cupy's binding (0.9): NcclError: NCCL_ERROR_SYSTEM_ERROR: …
+         r"|NCCL_ERROR_[A-Z_]+",),
         ("0.5.4", "0.10", "0.33"),
         "NCCL failed: check that every GPU is visible and healthy (nvidia-smi topo -m), the "
         "NCCL library matches torch, and run with NCCL_DEBUG=INFO to see the failing transport",
@@ -454,7 +456,9 @@ CAUSES: tuple[Cause, ...] = (
         "engine_dead",
         (r"EngineDeadError|EngineCore encountered a fatal error|Worker proc \S+ died "
          r"unexpectedly|WorkerProc hit an exception|Worker failed with error"
-         r"|AsyncEngineDeadError|Background loop has errored already",),
+         r"|AsyncEngineDeadError|Background loop has errored already"
+         # V0 multiprocessing front end (0.6 → 0.8)
+         r"|Engine process \(pid \d+\) died|MQLLMEngine is already dead",),
         ("0.5", "0.8", "0.11", "0.20"),
         "the engine died after starting: read the traceback before this line in the journal "
         "(journalctl -u UNIT); a first completion failing after /health 200 often means the "
@@ -466,7 +470,9 @@ CAUSES: tuple[Cause, ...] = (
     Cause(
         "engine_killed",
         (r"Engine core initialization failed\. See root cause above\. Failed core proc\(s\): "
-         r"\{\}",),
+         r"\{\}",
+         # systemd: the main process was killed by SIGKILL, or the unit's cgroup hit OOM
+         r"Main process exited, code=killed, status=9/KILL|Failed with result 'oom-kill'"),
         ("0.10", "0.11", "0.33"),
         "the engine core died without an error of its own, so it was killed: look for the "
         "kernel's OOM killer (journalctl -k | grep -i 'killed process') or an operator's "
@@ -480,7 +486,11 @@ CAUSES: tuple[Cause, ...] = (
          # multiproc_executor.wait_for_ready, 0.9+
          r"|WorkerProc initialization failed due to an exception"
          # the executor/core client relaying a worker's SIGUSR1 (0.8+)
-         r"|[Gg]ot fatal signal from worker processes",),
+         r"|[Gg]ot fatal signal from worker processes"
+         # V0 multiprocessing front end (0.6 → 0.8)
+         r"|Engine process failed to start"
+         # systemd: the main process exited with a failure status (not a clean stop)
+         r"|Main process exited, code=(?:exited, status=[1-9]\d*/|dumped)",),
         ("0.10", "0.33"),
         "the engine failed to start: read the root-cause traceback above this line in the "
         "journal (journalctl -u UNIT -n 200)",
@@ -538,7 +548,8 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]|\^\[\[[0-9;]*m")
 # bracketed ISO stamp, docker compose's "name  | ".
 _WRAPPERS = re.compile(
     r"^(?:\s*<[^>]{1,80}>)+|^\s*\|\s|^\s*\[\d{4}-\d\d-\d\dT[\d:.]+Z?\]\s?"
-    r"|^[\w.-]{1,60}\s+\|\s|^\[rank\d+\]:\s?")
+    r"|^[\w.-]{1,60}\s+\|\s|^\[rank\d+\]:\s?|^\s*[│┃]\s?")
+_TRAILING = re.compile(r"\s*[│┃]\s*$")
 _TAGS = re.compile(r"</?(?:font|b|i|span)[^>]{0,80}>")
 
 # `(APIServer pid=1) INFO 11-29 10:01:02 [file.py:12] msg`; the process prefix is
@@ -577,7 +588,7 @@ def _unwrap(text: str) -> str:
         if new == text:
             break
         text = new
-    return _TAGS.sub("", text)
+    return _TRAILING.sub("", _TAGS.sub("", text))
 
 
 def parse_line(text: str) -> Line:

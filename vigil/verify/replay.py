@@ -41,6 +41,9 @@ _ISO = re.compile(
     r"^(?P<y>\d{4})-(?P<mo>\d\d)-(?P<day>\d\d)T(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)"
     r"(?:\.(?P<frac>\d+))?(?:[+-]\d\d:?\d\d|Z)? \S+ [^\s:]+(?:\[\d+\])?: ?"
 )
+# journalctl short in another locale ("6月 10 16:45:05 host bash[1]: "): the prefix goes,
+# the time stays unknown (a month name we cannot read).
+_SHORT_LOCALE = re.compile(r"^\S{1,8} +\d{1,2} \d\d:\d\d:\d\d(?:\.\d+)? \S+ [^\s:]+\[\d+\]: ?")
 # vLLM's own stamp (no year): "INFO 11-29 10:01:02"
 _VLLM = re.compile(
     r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<mo>\d\d)-(?P<day>\d\d) "
@@ -70,6 +73,10 @@ def split_log_line(raw: str, *, year: int = DEFAULT_YEAR) -> tuple[float | None,
         t = _epoch(year, _MONTHS[m["mon"]], int(m["day"]), int(m["h"]), int(m["m"]),
                    int(m["s"]), m["frac"])
         return (t if t >= 0 else None), raw[m.end():]
+    if m is None or m["mon"] not in _MONTHS:
+        loc = _SHORT_LOCALE.match(raw)
+        if loc:
+            raw = raw[loc.end():]
     v = _VLLM.search(raw)
     if v:
         t = _epoch(year, int(v["mo"]), int(v["day"]), int(v["h"]), int(v["m"]), int(v["s"]),
