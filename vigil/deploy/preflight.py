@@ -98,16 +98,16 @@ def problems(
             f"divide the model's {heads} attention heads ({profile.path}/config.json)",
             fix="use a tensor_parallel_size that divides the head count",
         ))
-    # GPUs are judged only when the agent read them (older agents did not)
-    if profile.device == "cuda" and "gpus" in facts.raw:
-        need = profile.tensor_parallel_size * profile.pipeline_parallel_size
+    if profile.device == "cuda":
+        need = profile.gpus_needed
         have = facts.gpus.count
         if have < need:
             why = f" (NVML: {facts.gpus.error})" if facts.gpus.error and not have else ""
             out.append(RefusedError(
                 f"{host_name}: profile {profile.name} needs tensor_parallel_size "
                 f"{profile.tensor_parallel_size} x pipeline_parallel_size "
-                f"{profile.pipeline_parallel_size} = {need} GPUs; the host shows {have} "
+                f"{profile.pipeline_parallel_size} x data_parallel_size "
+                f"{profile.data_parallel_size} = {need} GPUs; the host shows {have} "
                 f"(via {facts.gpus.source}){why}",
                 fix="lower the parallel sizes or pick a host with more GPUs",
             ))

@@ -1,0 +1,26 @@
+"""Preflight's GPU count: every parallel dimension (tensor x pipeline x data) needs its
+own GPUs, judged on the GPUs the host shows (a real 8x B200 capture, cut to 4)."""
+
+from __future__ import annotations
+
+from tests.test_gpus import capture
+from tests.test_plan import facts_for, target
+from vigil.deploy.preflight import problems
+
+
+def _four_of_eight() -> dict[str, object]:
+    raw = capture("b200_x8")
+    head, *rows = str(raw["smi_gpus"]).splitlines()
+    return {**raw, "smi_gpus": "\n".join([head, *rows[:4]]) + "\n"}
+
+
+def test_data_parallel_counts_in_the_gpus_a_host_must_show() -> None:
+    gpus = _four_of_eight()
+    fits = target("tensor_parallel_size=4")
+    assert not [e for e in problems("llm-one", fits.profile, fits.rendered,
+                                    facts_for(fits, gpus=gpus), stack=fits.stack)
+                if "GPUs; the host shows" in str(e)]
+    t = target("tensor_parallel_size=4", "data_parallel_size=2")
+    found = [str(e) for e in problems("llm-one", t.profile, t.rendered,
+                                      facts_for(t, gpus=gpus), stack=t.stack)]
+    assert any("data_parallel_size 2 = 8 GPUs; the host shows 4" in e for e in found), found

@@ -1,0 +1,103 @@
+"""The front door, run as a user runs it (`invoke ...` in a subprocess): one exit-code
+policy, --hosts everywhere, verify takes --set/--stack, watch settings from the config.
+
+The host is this machine over the local transport; nothing here is written on it but
+the deploy lock of a test-only service name.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from invoke.config import Config
+from invoke.context import Context
+
+from vigil.desired.targets import parse_sets
+from vigil.errors import ConfigError
+from vigil.tasks.common import watch_settings
+
+REPO = Path(__file__).resolve().parent.parent
+INVOKE = str(Path(sys.executable).parent / "invoke")
+HOSTS = """hosts:
+  here:
+    connection: local
+    model: glm-5
+    stack: vllm-0.16-nightly
+    service: vigil-test-tasks
+    gpu: {kind: NVIDIA B200, count: 8, memory_gib: 180}
+"""
+
+
+@pytest.fixture
+def inv(tmp_path: Path) -> Path:
+    root = tmp_path / "inventory"
+    root.mkdir()
+    for part in ("models", "stacks"):
+        (root / part).symlink_to(REPO / "inventory" / part)
+    (root / "hosts.yml").write_text(HOSTS)
+    return root
+
+
+def invoke(inv: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [INVOKE, *args], cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "INVOKE_VIGIL_INVENTORY": str(inv),
+             "INVOKE_VIGIL_STATE_DIR": str(inv.parent / "state"), "HF_TOKEN": "hf_x", **env})
+
+
+def test_a_refusal_exits_2_in_deploy_as_in_preflight(inv: Path) -> None:
+    """The host's facts refuse the deploy (no model directory here): bad input, 2."""
+    deploy = invoke(inv, "deploy", "--hosts", "here", "--check")
+    assert deploy.returncode == 2, deploy.stdout + deploy.stderr
+    assert "model directory /srv/models/glm-5-nvfp4 does not exist" in deploy.stdout
+    preflight = invoke(inv, "preflight", "--hosts", "here")
+    assert preflight.returncode == 2, preflight.stdout + preflight.stderr
+    assert "NO-GO" in preflight.stdout
+
+
+def test_set_name_is_refused_everywhere(inv: Path) -> None:
+    with pytest.raises(ConfigError, match="--set name"):
+        parse_sets(["name=other-profile"])
+    for task in ("deploy", "verify", "render", "preflight"):
+        proc = invoke(inv, task, "--hosts", "here", "--set", "name=other")
+        assert proc.returncode == 2, (task, proc.stdout, proc.stderr)
+        assert "--set name" in proc.stdout + proc.stderr
+
+
+def test_verify_takes_set_and_stack_like_deploy(inv: Path) -> None:
+    """Resolved like deploy: an unknown stack or an impossible --set is refused before any
+    host is touched."""
+    stack = invoke(inv, "verify", "--hosts", "here", "--stack", "no-such-stack")
+    assert stack.returncode == 2 and "no-such-stack" in stack.stderr, stack.stderr
+    sets = invoke(inv, "verify", "--hosts", "here", "--set", "data_parallel_size=2")
+    assert sets.returncode == 2 and "data_parallel_size 2 = 16 GPUs" in sets.stderr
+
+
+def test_render_takes_hosts_and_writes_one_folder_per_host(inv: Path, tmp_path: Path) -> None:
+    (inv / "hosts.yml").write_text(HOSTS + "  there: {connection: local, model: tiny-cpu}\n")
+    proc = invoke(inv, "render", "--hosts", "here,there", "--out", str(tmp_path / "out"))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "out" / "here" / "vigil-test-tasks.service").is_file()
+    assert "--model=/srv/models/tiny-llama" in (
+        tmp_path / "out" / "there" / "vllm.service").read_text()
+    assert invoke(inv, "render", "--host", "here").returncode != 0  # the old flag is gone
+
+
+def test_watch_settings_come_from_the_invoke_config() -> None:
+    c = Context(Config(overrides={"vigil": {"poll_s": 2.5, "history_min_samples": 7}}))
+    s = watch_settings(c)
+    assert (s.poll_s, s.min_samples, s.stall_s) == (2.5, 7, None)
+    assert watch_settings(c, poll=1.0, stall=30.0).poll_s == 1.0
+
+
+@pytest.mark.parametrize("task", ["deploy", "verify", "rollback"])
+def test_deploy_verify_and_rollback_all_read_the_poll_interval(inv: Path, task: str) -> None:
+    """A poll interval the watcher cannot use is refused by all three alike, before any
+    host is touched: each reads the one setting."""
+    proc = invoke(inv, task, "--hosts", "here", INVOKE_VIGIL_POLL_S="0")
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "--poll and --stall must be positive" in proc.stderr
