@@ -13,7 +13,10 @@ from pathlib import Path
 import pytest
 
 from lab import hosts as lab
+from vigil.deploy.plan import env_diff
 from vigil.desired.config import HostVars
+from vigil.desired.render import mask_env_text
+from vigil.desired.targets import Target
 from vigil.errors import ConfigError, UnreachableError
 from vigil.transport.ssh import SSHTransport, known_hosts_files
 
@@ -239,3 +242,198 @@ def test_a3_sub_second_banner_timeout_is_reported(
             t.run("true")
     finally:
         listener.close()
+
+
+# -- 4. a --check diff shows names and hashes, never a value vigil does not render openly ----
+
+
+def _env_target(tmp_path: Path, secret_env: str = "[]", **env: str) -> Target:
+    from tests.conftest import target_in
+
+    return target_in(tmp_path, "hosts:\n  h1: {model: tiny-cpu, stack: lab-cpu, "
+                     f"secret_env: {secret_env}}}\n", "h1", operator_env=env)
+
+
+def test_a4_check_diff_masks_variables_found_only_on_the_host(tmp_path: Path) -> None:
+    t = _env_target(tmp_path)
+    host = t.rendered.env_text + "DB_PASS='hunter2'\nWANDB_KEY=abc123xyz\n"
+    diff = env_diff(t.rendered, host)
+    assert "hunter2" not in diff and "abc123xyz" not in diff
+    assert "-DB_PASS=*** (hash " in diff and "-WANDB_KEY=*** (hash " in diff
+    assert "VLLM_LOGGING_LEVEL='INFO'" in diff  # public settings stay readable
+
+
+def test_a4_a_secret_no_longer_in_secret_env_stays_masked(tmp_path: Path) -> None:
+    # The host still holds MY_SECRET (it was in secret_env); now it is not declared.
+    old = _env_target(tmp_path / "old", "[MY_SECRET]", MY_SECRET="s3cr3t-value")
+    new = _env_target(tmp_path / "new")
+    diff = env_diff(new.rendered, old.rendered.env_text)
+    assert "s3cr3t-value" not in diff
+    assert "-MY_SECRET=*** (hash " in diff
+
+
+def test_a4_changed_secret_shows_as_a_changed_hash_only(tmp_path: Path) -> None:
+    old = _env_target(tmp_path / "old", "[MY_SECRET]", MY_SECRET="first-value")
+    new = _env_target(tmp_path / "new", "[MY_SECRET]", MY_SECRET="second-value")
+    diff = env_diff(new.rendered, old.rendered.env_text)
+    assert "first-value" not in diff and "second-value" not in diff
+    assert diff.count("MY_SECRET=*** (hash ") == 2
+    same = env_diff(new.rendered, new.rendered.env_text)
+    assert same == ""
+
+
+# -- 5. line separators other than \n ------------------------------------------------------
+
+
+@pytest.mark.parametrize("sep", ["\u2028", "\u0085", "\u2029", "\x1c"])
+def test_a5_secret_with_a_unicode_line_separator_is_fully_masked(
+    tmp_path: Path, sep: str
+) -> None:
+    secret = f"part-one{sep}part-two"
+    t = _env_target(tmp_path, "[MY_SECRET]", MY_SECRET="x")
+    host = t.rendered.env_text.replace("MY_SECRET='x'", f"MY_SECRET='{secret}'")
+    assert secret in host
+    shown = env_diff(t.rendered, host) + mask_env_text(host, t.rendered.secret_names)
+    assert "part-one" not in shown and "part-two" not in shown
+
+
+@pytest.mark.parametrize("sep", ["\\u2028", "\\x85", "\\u2029"])  # YAML escapes
+def test_a5_unicode_line_separator_in_served_model_name_is_refused(
+    tmp_path: Path, sep: str
+) -> None:
+    from tests.conftest import target_in
+
+    with pytest.raises(ConfigError, match="served_model_name"):
+        target_in(tmp_path, "hosts:\n  h1: {model: tiny-cpu, stack: lab-cpu, overrides: "
+                  f"{{served_model_name: \"a{sep}b\"}}}}\n", "h1")
+
+
+def test_a5_status_reads_a_unit_with_a_line_separator_in_a_value() -> None:
+    # A unit vigil did not write (or an older one): status must not crash on it.
+    from vigil.deploy.service import exec_flag
+
+    assert exec_flag('"--model=/m" "--served-model-name=a\u2028b"', "served-model-name") \
+        == "a\u2028b"
+    assert exec_flag('"--model=/m" "--served-model-name=a', "served-model-name") is None
+
+
+# -- 7. a wrong-typed secret is not echoed ------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["env: {HF_TOKEN: 12345}",
+                                   "env: {WANDB_KEY: [9876543]}",
+                                   "overrides: {env: {ANY: 24680}}"])
+def test_a7_wrong_typed_env_value_is_not_echoed(tmp_path: Path, where: str) -> None:
+    from tests.conftest import target_in
+
+    with pytest.raises(ConfigError) as err:
+        target_in(tmp_path, f"hosts:\n  h1: {{model: tiny-cpu, stack: lab-cpu, {where}}}\n",
+                  "h1")
+    text = str(err.value)
+    assert "env" in text
+    for digits in ("12345", "9876543", "24680"):
+        assert digits not in text
+
+
+# -- 9. every name that becomes a path has one strict pattern ----------------------------------
+
+
+@pytest.mark.parametrize("flag", ["--model", "--stack"])
+@pytest.mark.parametrize("name", ["../../x", "/some/path", ".hidden", "a/b", "x" * 101])
+def test_a9_model_or_stack_outside_the_inventory_is_refused(
+    tmp_path: Path, flag: str, name: str
+) -> None:
+    from vigil.desired import inventory, targets
+
+    inv = _inventory(tmp_path, "hosts:\n  h1: {model: tiny-cpu, stack: lab-cpu}\n")
+    kwargs = {"model": name} if flag == "--model" else {"stack": name}
+    with pytest.raises(ConfigError, match="is not a name"):
+        targets.resolve(inventory.load(inv), "h1", operator_env={}, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("host", ["../../x", "x" * 300, ".h", "a b"])
+def test_a9_host_names_that_would_be_paths_are_refused(tmp_path: Path, host: str) -> None:
+    from vigil.desired import inventory
+
+    inv = _inventory(tmp_path, f"hosts:\n  '{host}': {{model: tiny-cpu}}\n")
+    with pytest.raises(ConfigError, match="must be 1-100 letters"):
+        inventory.load(inv)
+
+
+def test_a9_stack_file_without_a_name_gets_the_file_name(tmp_path: Path) -> None:
+    from vigil.desired import inventory
+
+    inv = _inventory(tmp_path, "hosts:\n  h1: {model: tiny-cpu}\n")
+    with pytest.raises(ConfigError, match="is not a name"):
+        inventory.load(inv).stack("../stacks/lab-cpu")
+
+
+@pytest.mark.parametrize("root", ["/opt/vigil/../../etc", "relative/envs", "/opt/\u2028x"])
+def test_a9_env_root_with_dot_dot_is_refused(root: str) -> None:
+    with pytest.raises(ValueError, match="absolute path"):
+        HostVars(env_root=root)
+
+
+# -- 14. strict types: no bool for an int, no string for a number --------------------------------
+
+
+@pytest.mark.parametrize("key,value", [("port", "true"), ("ssh_port", "true"),
+                                       ("port", '"8000"'), ("connect_timeout_s", "true")])
+def test_a14_bool_or_string_is_not_a_host_number(tmp_path: Path, key: str, value: str) -> None:
+    from tests.conftest import target_in
+
+    with pytest.raises(ConfigError, match=key):
+        target_in(tmp_path, f"hosts:\n  h1: {{model: tiny-cpu, stack: lab-cpu, {key}: {value}}}\n",
+                  "h1")
+
+
+@pytest.mark.parametrize("key", ["tensor_parallel_size", "max_model_len", "enforce_eager"])
+def test_a14_wrong_types_in_a_profile_are_refused(tmp_path: Path, key: str) -> None:
+    from tests.conftest import target_in
+
+    value = "true" if key != "enforce_eager" else "1"
+    with pytest.raises(ConfigError, match=key):
+        target_in(tmp_path, "hosts:\n  h1: {model: tiny-cpu, stack: lab-cpu, overrides: "
+                  f"{{{key}: {value}}}}}\n", "h1")
+
+
+# -- 15. controller inputs ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("item", ["port=[1", "served_model_name={a", "env=: :"])
+def test_a15_yaml_error_in_set_is_one_clear_error(item: str) -> None:
+    from vigil.desired.targets import parse_sets
+
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        parse_sets([item])
+
+
+def test_a15_model_flag_and_set_model_must_agree(tmp_path: Path) -> None:
+    from vigil.desired import inventory, targets
+
+    inv = inventory.load(_inventory(tmp_path, "hosts:\n  h1: {model: tiny-cpu, stack: lab-cpu}\n"))
+    with pytest.raises(ConfigError, match="disagree"):
+        targets.resolve(inv, "h1", model="tiny-cpu", sets=["model=glm-5"], operator_env={})
+    (t,) = targets.resolve(inv, "h1", model="tiny-cpu", sets=["model=tiny-cpu"],
+                           operator_env={})
+    assert t.profile.name == "tiny-cpu"
+
+
+def test_a15_max_model_len_is_bounded_without_a_model_limit(tmp_path: Path) -> None:
+    from tests.conftest import target_in
+
+    with pytest.raises(ConfigError, match="max_model_len"):
+        target_in(tmp_path, "hosts:\n  h1: {model: tiny-cpu, stack: lab-cpu, overrides: "
+                  "{max_model_len: 1000000000000, max_position_embeddings: null}}\n", "h1")
+
+
+def _inventory(tmp_path: Path, hosts_yml: str) -> Path:
+    import shutil
+
+    from tests.conftest import REPO
+
+    inv = tmp_path / "inventory"
+    for part in ("models", "stacks"):
+        shutil.copytree(REPO / "inventory" / part, inv / part)
+    (inv / "hosts.yml").write_text(hosts_yml)
+    return inv

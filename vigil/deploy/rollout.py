@@ -265,7 +265,10 @@ def _rollback_if_changed(t: Target, failed: HostResult, rollback_one: DeployOne,
 
 
 def served_name(exec_start: str) -> str:
-    words = shlex.split(exec_start) if exec_start else []
+    try:
+        words = shlex.split(exec_start) if exec_start else []
+    except ValueError:  # a unit vigil did not write (unbalanced quotes)
+        return ""
     for name in ("served-model-name", "model"):
         value = next((w.split("=", 1)[1] for w in words if w.startswith(f"--{name}=")), None)
         if value:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from vigil.desired import roles as roles_mod
-from vigil.desired.config import HostsFile, HostVars, ModelProfile, Stack
+from vigil.desired.config import NAME, HostsFile, HostVars, ModelProfile, Stack
 from vigil.desired.yamlfile import M, parse_model, read_yaml, validation_error
 from vigil.errors import ConfigError
 
@@ -150,6 +150,14 @@ class Inventory:
 
     # -- profiles and stacks --------------------------------------------------
     def _named(self, kind: str, model: type[M], name: str) -> M:
+        if not NAME.match(name):
+            # --model /some/path or ../../x would read a file outside the inventory
+            raise ConfigError(
+                f"{kind[:-1]} name {name[:120]!r} is not a name",
+                file=str(self.root / kind),
+                fix=f"name a file of {self.root / kind} without .yml: one of "
+                f"{', '.join(self.names(kind)) or '(none)'}",
+            )
         path = self.root / kind / f"{name}.yml"
         if not path.is_file():
             known = ", ".join(self.names(kind)) or "(none)"

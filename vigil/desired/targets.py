@@ -48,7 +48,14 @@ def parse_sets(
             raise ConfigError(
                 f"--set {item!r} is not key=value", fix="e.g. --set max_model_len=8192"
             )
-        value = yaml.safe_load(raw) if raw else ""
+        try:
+            value = yaml.safe_load(raw) if raw else ""
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or "not valid YAML"
+            raise ConfigError(
+                f"--set {key}: the value is not valid YAML ({problem})", key=key,
+                fix="quote it for the shell and YAML, e.g. --set 'served_model_name=\"[x\"'",
+            ) from None
         if key in HostVars.model_fields or key in role_keys:
             host[key] = value
         elif key in ModelProfile.model_fields and key != "name":
@@ -78,6 +85,12 @@ def resolve(
     for name in inv.select(pattern):
         resolved = inv.resolve(name, host_flags)
         hv = resolved.vars
+        for flag, value, key in (("--model", model, "model"), ("--stack", stack, "stack")):
+            if value is not None and key in host_flags and host_flags[key] != value:
+                raise ConfigError(
+                    f"{flag} {value} and --set {key}={host_flags[key]} disagree",
+                    key=key, fix=f"give one of them ({flag} wins over the inventory)",
+                )
         profile_name = model or hv.model
         if not profile_name:
             raise ConfigError(

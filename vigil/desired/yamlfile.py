@@ -32,6 +32,8 @@ def read_yaml(path: Path) -> Any:
 
 def validation_error(exc: ValidationError, file: str) -> ConfigError:
     """Turn pydantic's report into one message naming file, key and expectation."""
+    from vigil.desired.render import is_secret  # render imports the models this checks
+
     lines: list[str] = []
     first_key: str | None = None
     for err in exc.errors():
@@ -43,7 +45,10 @@ def validation_error(exc: ValidationError, file: str) -> ConfigError:
         elif err["type"] == "missing":
             msg = "required key is missing"
         value = err.get("input")
-        quiet = err["type"] in ("missing", "extra_forbidden", "value_error") or not key
+        # a value under env (or with a secret's name) may be a secret: never echoed
+        secret = any(str(p) in ("env", "secret_env") or is_secret(str(p)) for p in err["loc"])
+        quiet = err["type"] in ("missing", "extra_forbidden", "value_error") or not key \
+            or secret
         shown = "" if quiet else f" (got {value!r})"
         lines.append(f"{key}: {msg}{shown}" if key else f"{msg}{shown}")
     message = lines[0] if len(lines) == 1 else "\n    " + "\n    ".join(lines)
