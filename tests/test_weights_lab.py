@@ -62,7 +62,7 @@ def test_deploy_refuses_a_truncated_shard_before_touching_the_host(
          "--hosts", HOST, "--set", f"path={path}"],
         cwd=REPO, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out  # deploy: the host failed (exit 2 is bad input)
+    assert proc.returncode == 2, out  # refused: nothing was touched
     assert f"model directory {path} would not load" in out, out
     assert (f"model.safetensors is truncated: {cut} bytes on disk, its header says {full}"
             in out), out
