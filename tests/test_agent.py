@@ -32,3 +32,35 @@ def test_write_unit_applier_writes_with_the_mode(tmp_path: Path) -> None:
         {"kind": "write_unit", "content": "[Unit]\n", "mode": "640"}]})
     assert reply["results"] == [{"ok": True, "kind": "write_unit"}]
     assert unit.read_text() == "[Unit]\n" and unit.stat().st_mode & 0o777 == 0o640
+
+
+def test_facts_reply_parses_straight_into_host_facts(tmp_path: Path) -> None:
+    """The agent's real `facts` reply on this machine (no unit, no model, no GPU) is a
+    HostFacts as it stands; a reply missing what the agent always sends is one error."""
+    import json
+    import subprocess
+    import sys
+
+    import pytest
+
+    from vigil.deploy.facts import parse_facts
+    from vigil.errors import HostError
+
+    env_dir = tmp_path / "envs" / "stack-1"
+    paths = {"unit": str(tmp_path / "u.service"), "env": str(tmp_path / "u.env"),
+             "env_dir": str(env_dir), "current": str(tmp_path / "envs" / "current"),
+             "backup_dir": str(tmp_path / "backup")}
+    (tmp_path / "u.service").write_text("[Unit]\n")
+    request = {"unit": "vigil-test-no-such-unit", "port": 1, "service_user": "root",
+               "model": str(tmp_path / "no-model"), "paths": paths}
+    out = subprocess.run([sys.executable, "-c", (PLAN.parent.parent / "host" / "agent.py")
+                          .read_text(), "facts"], input=json.dumps(request),
+                         capture_output=True, text=True, timeout=120, check=True)
+    facts = parse_facts("here", json.loads(out.stdout))
+    assert facts.unit_text == "[Unit]\n" and facts.env_text is None
+    assert not facts.env_unreadable and facts.current_env is None
+    assert facts.model.present is False and facts.health_status is None
+    assert facts.service.main_pid == 0 and not facts.service.running
+    assert facts.disk_free_bytes > 0 and facts.port_listening is False
+    with pytest.raises(HostError, match="here: unexpected facts reply: uid"):
+        parse_facts("here", {"files": {}, "writable": {}})

@@ -112,9 +112,11 @@ def apply_plan(transport: Transport, t: Target, plan: Plan, say: Callable[[str],
     request = {**agent_request(t), "actions": first + [a.wire() for a in plan.actions
                                                        if a.kind != "install_env"]}
     reply = call(transport, t.vars, "apply", request, timeout=3600)
-    for res in reply["results"]:
+    for i, res in enumerate(reply["results"]):
         if not res["ok"]:
             detail = res.get("error") or "failed"
+            done = [r["kind"] for r in reply["results"][:i]]
+            detail += f"\n  done before it: {', '.join(done) or 'nothing'}"
             if res.get("tail"):
                 detail += "\n" + res["tail"]
             if res.get("permission"):
@@ -169,7 +171,7 @@ def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
                         plan = make_plan(t.name, t.stack, t.rendered, facts,
                                          force_restart=opts.restart, reinstall=opts.reinstall,
                                          kill_pids=stale, host=t.vars)
-                        role_facts = facts.raw.get("roles")
+                        role_facts = facts.roles
                     else:  # a host that takes only user roles
                         plan = Plan(t.name, (), False)
                         role_facts = (call(transport, t.vars, "role_facts",

@@ -59,14 +59,14 @@ def problems(
             f"{host_name}: service user {user} does not exist",
             fix=f"create it on the host: useradd --system --shell /usr/sbin/nologin {user}",
         ))
-    if facts.model_exists is False:
+    if facts.model.present is False:
         out.append(RefusedError(
             f"{host_name}: model directory {profile.path} does not exist",
             fix="copy the weights there first, or fix `model:` in the profile",
         ))
-    missing = facts.model_weights.get("missing") or []
+    missing = facts.model.weights.get("missing") or []
     if missing:
-        listed = facts.model_weights.get("listed", "?")
+        listed = facts.model.weights.get("listed", "?")
         shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5
                                           else "")
         out.append(RefusedError(
@@ -74,8 +74,8 @@ def problems(
             f"{listed} shards listed in model.safetensors.index.json are absent ({shown})",
             fix="finish copying the weights (compare with the source's file list)",
         ))
-    if facts.model_files is not None:
-        found = weights.problems(facts.model_files, profile.extra_args)
+    if facts.model.files is not None:
+        found = weights.problems(facts.model.files, profile.extra_args)
         if found:
             out.append(RefusedError(
                 f"{host_name}: model directory {profile.path} would not load:\n    "
@@ -83,7 +83,7 @@ def problems(
                 fix="copy the named files again from the source (compare sizes), "
                     "then deploy; the running service was not touched",
             ))
-    config = facts.model_config or {}
+    config = facts.model.config or {}
     limit = config.get("max_position_embeddings")
     if isinstance(limit, int) and profile.max_model_len > limit:
         out.append(RefusedError(

@@ -142,14 +142,14 @@ def _facts_lines(t: targets_mod.Target, facts: Any) -> list[str]:
         lines += [f"  {h}" for h in health_lines(g, GpuPolicy.of(t.vars))]
     lines.append(f"disk free under {Path(t.rendered.paths.env_dir).parent}: "
                  f"{facts.disk_free_bytes / GIB:.1f} GiB")
-    w = facts.model_weights
-    model = "missing" if facts.model_exists is False else (
+    w = facts.model.weights
+    model = "missing" if facts.model.present is False else (
         f"{w.get('present', '?')} weight file(s)"
         + (f", {len(w.get('missing') or [])} of {w.get('listed')} indexed shards absent"
            if w.get("index") else ""))
     lines.append(f"model {t.profile.path}: {model}")
-    if facts.model_files is not None:
-        lines.append(f"  weights: {weights_summary(facts.model_files)}")
+    if facts.model.files is not None:
+        lines.append(f"  weights: {weights_summary(facts.model.files)}")
     owners = ", ".join(f"pid {p} {c or '?'}" for p, c in facts.port_owners) or (
         "not visible here" if facts.port_listening else "free")
     lines.append(f"port {t.vars.port}: {owners}")
