@@ -94,3 +94,22 @@ def test_history_record_to_dict_is_plain() -> None:
     assert d["key"] == {"hardware": "8xH200", "gpu_kind": "H200", "model": "kimi",
                         "config_hash": "c1", "stack": "vllm=0.33.0", "cache": "warm"}
     assert d["phases_s"]["compiling"] == 100.0
+
+
+def test_guessed_budgets_never_time_out_learned_ones_at_a_stated_multiple() -> None:
+    # No history: nothing is learned, so only the hard cap (or a stall) ends a start.
+    prior = B.plan_budgets([], KEY_FOR_CAP)
+    assert prior.budgets.learned == frozenset()
+    assert prior.budgets.hard_cap_s == B.HARD_CAP_S
+    # History: phases with samples are learned; the whole-start cap is 3x the fitted
+    # total (at least), so a start is slow long before it can time out.
+    recs = [B.HistoryRecord(key=KEY_FOR_CAP, started_at=float(i), verdict="ready",
+                            phases_s={p: 60.0 for p in B.WATCHED_PHASES}, total_s=480.0)
+            for i in range(5)]
+    plan = B.plan_budgets(recs, KEY_FOR_CAP)
+    assert plan.budgets.learned == frozenset(B.WATCHED_PHASES)
+    assert plan.budgets.hard_cap_s >= B.TIMEOUT_FACTOR * 480.0
+
+
+KEY_FOR_CAP = B.BudgetKey(hardware="8xH200", gpu_kind="H200", model="m", config_hash="c",
+                          stack="s", cache="cold")

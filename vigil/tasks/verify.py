@@ -20,6 +20,7 @@ from vigil.tasks.common import (
     watch_settings,
 )
 from vigil.verify import history as history_mod
+from vigil.verify import html as verify_html
 from vigil.verify import replay as replay_mod
 from vigil.verify import report as verify_report
 from vigil.verify import watch
@@ -33,6 +34,7 @@ from vigil.verify import watch
         "set": SET_HELP + " (as deploy: verify what was deployed)",
         "json": "write verdicts, phases, budgets, evidence and smoke as JSON to this file",
         "junit": "write a JUnit XML report (one test case per host) to this file",
+        "html": "write one self-contained HTML page (phases, evidence, verdict) to this file",
         "poll": "seconds between polls (default vigil.poll_s, 5)",
         "stall": "override every phase's stall window, in seconds",
     },
@@ -46,6 +48,7 @@ def verify(
     set_: list[str] | None = None,
     json: str | None = None,
     junit: str | None = None,
+    html: str | None = None,
     poll: float | None = None,
     stall: float | None = None,
 ) -> None:
@@ -63,16 +66,24 @@ def verify(
             write_json(json, verify_report.run_json(outcomes, code))
         if junit:
             verify_report.write_junit(junit, outcomes)
+        if html:
+            verify_html.write(html, verify_html.outcomes_page(outcomes))
     exit_with([code])
 
 
-@task(help={"model": "only this model profile", "hosts": HOSTS_HELP + " (default: every host)"})
-def history(c: Context, model: str | None = None, hosts: str | None = None) -> None:
+@task(help={"model": "only this model profile", "hosts": HOSTS_HELP + " (default: every host)",
+            "html": "also write phase durations over past starts (cold vs warm) as one "
+                    "self-contained HTML page to this file"})
+def history(c: Context, model: str | None = None, hosts: str | None = None,
+            html: str | None = None) -> None:
     """Past starts from the local mirror: phase durations, verdicts, cold/warm."""
     with user_errors():
         names = load_inventory(c).select(hosts) if hosts else None
         mirror = history_mod.Mirror(setting(c, "state_dir") / "history.sqlite")
-        print(verify_report.history_table(mirror.records(model=model, hosts=names)))
+        records = mirror.records(model=model, hosts=names)
+        print(verify_report.history_table(records))
+        if html:
+            verify_html.write(html, verify_html.history_page(records))
 
 
 @task(help={"json": "print the result as JSON"}, positional=["file"])

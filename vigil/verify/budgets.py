@@ -215,10 +215,15 @@ def plan_budgets(
             phase_s[phase] = prior[phase]
             source[phase] = "prior"
     totals = [r.total_s for r in samples]
-    # The whole start: the fitted total with its own margin, never over the hard cap,
-    # and never below 1.5x the sum of budgets (room for a phase or two running slow).
-    fitted_total = fit_log_robust(totals, cap=hard_cap_s) if totals else hard_cap_s
-    cap = min(max(fitted_total, 1.5 * sum(phase_s.values())), hard_cap_s)
+    # The whole start: with history, TIMEOUT_FACTOR x the fitted total (the same stated
+    # multiple as a phase; a progressing start is slow before that), never below 1.5x
+    # the sum of budgets, never over the hard cap; with none, only the hard cap.
+    if totals:
+        fitted_total = fit_log_robust(totals, cap=hard_cap_s)
+        cap = min(max(TIMEOUT_FACTOR * fitted_total, 1.5 * sum(phase_s.values())),
+                  hard_cap_s)
+    else:
+        cap = hard_cap_s
     return BudgetPlan(
         budgets=Budgets(phase_s=phase_s, stall_s=stall_windows(samples), hard_cap_s=cap,
                         learned=frozenset(p for p, src in source.items() if src == "history")),
