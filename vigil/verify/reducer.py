@@ -651,16 +651,6 @@ def _ready_from_log(st: WatchState, budgets: Budgets) -> WatchState:
     return _finish(st, "ready", None, proof, None, at, budgets)
 
 
-def ready_from_log(state: WatchState, budgets: Budgets) -> WatchState:
-    """Settle ready at the end of a plain log (kept for callers that fold without
-    log_only); no-op when a verdict is already there."""
-    if state.verdict in TERMINAL or state.fatal:
-        return state
-    if state.serving_at is None and not state.startup_complete:
-        return state
-    return _ready_from_log(state, budgets)
-
-
 def _after_ready(state: WatchState, snap: Snapshot, budgets: Budgets) -> WatchState:
     """Replay goes on after ready: a fatal error revokes it (crashed, with when); an
     orderly stop is noted (ready, then stopped). An unknown exception alone does not
