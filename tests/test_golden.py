@@ -15,6 +15,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from vigil.desired import inventory
+from vigil.desired.targets import resolve
+
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "fixtures" / "golden"
 INVOKE = str(Path(sys.executable).parent / "invoke")
@@ -29,6 +32,15 @@ def test_every_shipped_profile_has_a_golden_unit() -> None:
     profiles = {p.stem for p in (REPO / "inventory" / "models").glob("*.yml")}
     hosts = {p.name for p in (GOLDEN / "rendered").iterdir()}
     assert hosts == profiles
+
+
+def test_the_library_renders_the_golden_files() -> None:
+    """The same, in process (what mutation testing sees): unit and masked env per host."""
+    for t in resolve(inventory.load(GOLDEN / "inventory"), "all", operator_env={},
+                     require_secrets=False):
+        folder = GOLDEN / "rendered" / t.name
+        assert t.rendered.unit_text == (folder / Path(t.rendered.paths.unit).name).read_text()
+        assert t.rendered.env_masked == (folder / Path(t.rendered.paths.env).name).read_text()
 
 
 def test_invoke_render_gives_the_golden_files(tmp_path: Path) -> None:
