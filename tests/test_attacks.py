@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -437,3 +438,182 @@ def _inventory(tmp_path: Path, hosts_yml: str) -> Path:
         shutil.copytree(REPO / "inventory" / part, inv / part)
     (inv / "hosts.yml").write_text(hosts_yml)
     return inv
+
+
+# -- 8, 9 (host side). the agent removes environments only under the env root ----------------
+
+
+def _paths(tmp_path: Path) -> dict[str, str]:
+    root = tmp_path / "opt" / "envs"
+    root.mkdir(parents=True)
+    return {"unit": str(tmp_path / "u.service"), "env": str(tmp_path / "u.env"),
+            "env_dir": str(root / "stack-abc"), "current": str(root / "current"),
+            "backup_dir": str(tmp_path / "backup")}
+
+
+def test_a8_remove_envs_refuses_dot_dot_out_of_the_root(tmp_path: Path) -> None:
+    from vigil.host import agent
+
+    paths = _paths(tmp_path)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "data").write_text("precious")
+    old = Path(paths["env_dir"]).parent / "old-env"
+    old.mkdir()
+    sneaky = f"{Path(paths['env_dir']).parent}/../../victim"
+    res = agent.remove_envs({"paths": [str(old), sneaky]}, paths)
+    assert (victim / "data").read_text() == "precious"
+    assert res["ok"] is False and "refusing to remove paths outside" in res["error"]
+    assert res["removed"] == [str(old)] and not old.exists()
+
+
+@pytest.mark.parametrize("kind", ["discard_env", "install_env", "mark_env"])
+def test_a9_agent_refuses_an_env_dir_outside_the_root(tmp_path: Path, kind: str) -> None:
+    from vigil.host import agent
+
+    paths = _paths(tmp_path)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    reply = agent.apply({"paths": paths, "actions": [
+        {"kind": kind, "env_dir": str(Path(paths["env_dir"]).parent / ".." / ".." / "victim"),
+         "requirements": [], "python": "/usr/bin/python3"}]})
+    (res,) = reply["results"]
+    assert res["ok"] is False and "is not under" in res["error"]
+    assert victim.is_dir() and not (victim / ".vigil-complete").exists()
+
+
+# -- 10. kill only the process the facts saw ------------------------------------------------
+
+
+@pytest.mark.parametrize("pid", [0, -1, 1, True, "12"])
+def test_a10_kill_refuses_pids_up_to_1_and_non_integers(pid: object) -> None:
+    from vigil.host import agent
+
+    res = agent.kill_pids({"pids": [pid], "expect": {str(pid): {"start": 1, "cmdline": "x"}}})
+    assert res["ok"] is False and "refusing to signal" in res["error"]
+
+
+def test_a10_kill_leaves_a_process_that_is_not_the_one_the_facts_saw() -> None:
+    from vigil.host import agent
+
+    proc = subprocess.Popen(["sleep", "60"])
+    try:
+        for _ in range(100):  # until the child has exec'd sleep
+            if agent.cmdline(proc.pid) == "sleep 60":
+                break
+            time.sleep(0.05)
+        start, cmd = agent.start_time(proc.pid), agent.cmdline(proc.pid)
+        assert start is not None and cmd == "sleep 60"
+        # no expectation at all: refused
+        assert agent.kill_pids({"pids": [proc.pid]})["ok"] is False
+        # the PID now names another process (other start time, other command): left alone
+        for wrong in ({"start": start + 1, "cmdline": cmd}, {"start": start, "cmdline": "x"}):
+            res = agent.kill_pids({"pids": [proc.pid], "expect": {str(proc.pid): wrong}})
+            assert res["ok"] is True and res["gone"] == [proc.pid] and res["killed"] == []
+            assert proc.poll() is None
+        # the very process the facts saw: ended
+        res = agent.kill_pids({"pids": [proc.pid],
+                               "expect": {str(proc.pid): {"start": start, "cmdline": cmd}}})
+        assert res["killed"] == [proc.pid]
+        assert proc.wait(timeout=15) == -15
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a10_plan_carries_what_the_facts_saw_for_each_pid() -> None:
+    from tests.test_plan import facts_for, target
+    from vigil.deploy.plan import make_plan
+
+    t = target()
+    f = facts_for(t, gpus={"cmdlines": {"4711": "python stale.py"}, "starts": {"4711": 99}})
+    plan = make_plan("llm-one", t.stack, t.rendered, f, kill_pids=(4711,))
+    (kill,) = [a for a in plan.actions if a.kind == "kill"]
+    assert kill.payload["expect"] == {"4711": {"start": 99, "cmdline": "python stale.py"}}
+
+
+# -- 11. a malformed request: a structured error that keeps what was done ---------------------
+
+
+def test_a11_malformed_action_keeps_the_results_before_it(tmp_path: Path) -> None:
+    from vigil.host import agent
+
+    paths = _paths(tmp_path)
+    reply = agent.apply({"paths": paths, "actions": [
+        {"kind": "write_unit", "content": "[Unit]\n", "mode": "644"},
+        {"kind": "write_env", "mode": "600"},  # no content
+        {"kind": "write_unit", "content": "never\n", "mode": "644"},
+    ]})
+    first, second = reply["results"]
+    assert first == {"ok": True, "kind": "write_unit"}
+    assert second["ok"] is False and second["malformed"] is True
+    assert "malformed write_env action: KeyError" in second["error"]
+    assert Path(paths["unit"]).read_text() == "[Unit]\n"
+
+
+@pytest.mark.parametrize("argv,text,expect", [
+    (["agent", "apply"], "{not json", "malformed apply request: JSONDecodeError"),
+    (["agent", "apply"], "[1, 2]", "the request is not a JSON object"),
+    (["agent", "apply"], "{}", "malformed apply request: KeyError"),
+    (["agent", "nope"], "{}", "unknown verb 'nope'"),
+    (["agent"], "", "unknown verb ''"),
+])
+def test_a11_malformed_request_is_one_json_error(
+    argv: list[str], text: str, expect: str
+) -> None:
+    from vigil.host import agent
+
+    assert expect in agent.main(argv, text)["agent_error"]
+
+
+def test_a11_controller_turns_an_agent_error_into_a_host_error() -> None:
+    from vigil.errors import HostError
+    from vigil.transport.remote import reply
+    from vigil.transport.ssh import Result
+
+    with pytest.raises(HostError, match="agent apply: malformed apply request"):
+        reply("h1", "apply", Result('{"agent_error": "malformed apply request: x"}', "", 0))
+
+
+def test_a11_agent_run_as_a_process_answers_json_to_garbage(tmp_path: Path) -> None:
+    from vigil.transport.remote import agent_source
+
+    proc = subprocess.run(["python3", "-c", agent_source(), "apply"], input="{garbage",
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr
+    assert "agent_error" in proc.stdout
+
+
+# -- 12. temp files of a killed write are cleaned; the directory is synced ---------------------
+
+
+def test_a12_stale_temp_files_are_cleaned_by_the_next_write(tmp_path: Path) -> None:
+    import os
+    import time as time_mod
+
+    from vigil.host import agent
+
+    stale = tmp_path / ".vigil-abc123_z"
+    stale.write_text("half a unit")
+    link_tmp = tmp_path / "current.vigil-4242"
+    link_tmp.symlink_to("/nowhere")
+    fresh = tmp_path / ".vigil-fresh123"
+    fresh.write_text("another writer's, right now")
+    old = time_mod.time() - 3600
+    os.utime(stale, (old, old))
+    os.utime(link_tmp, (old, old), follow_symlinks=False)
+    agent.write_atomic(str(tmp_path / "unit.service"), "[Unit]\n", 0o644)
+    assert not stale.exists() and not link_tmp.is_symlink()
+    assert fresh.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".vigil-fresh123", "unit.service"]
+
+
+def test_a12_switch_link_survives_a_stale_temp_link_of_a_reused_pid(tmp_path: Path) -> None:
+    import os
+
+    from vigil.host import agent
+
+    link = tmp_path / "current"
+    (tmp_path / f"current.vigil-{os.getpid()}").symlink_to("/stale")
+    agent.switch_link(str(link), "/opt/new")
+    assert os.readlink(link) == "/opt/new"

@@ -206,7 +206,10 @@ def make_plan(
     if kill_pids:
         actions.append(Action("kill", "--kill-stale: processes outside the service hold GPU "
                               "memory: " + ", ".join(str(p) for p in kill_pids),
-                              {"pids": list(kill_pids)}))
+                              {"pids": list(kill_pids), "expect": {
+                                  str(p): {"start": facts.gpu_starts.get(str(p)),
+                                           "cmdline": facts.gpu_cmdlines.get(str(p))}
+                                  for p in kill_pids}}))
     if restarts:
         actions.append(Action("restart", reason, {"unit": unit}))
     return Plan(host_name, tuple(actions), restarts)

@@ -17,6 +17,7 @@ import pwd
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -122,6 +123,15 @@ def _stat_fields(pid: int) -> Optional[List[str]]:
     return stat[stat.rfind(")") + 2:].split()
 
 
+def start_time(pid: int) -> Optional[int]:
+    """When the process started, in clock ticks since boot: with the PID, its identity."""
+    fields = _stat_fields(pid)
+    try:
+        return int(fields[19]) if fields else None
+    except (IndexError, ValueError):
+        return None
+
+
 def tree_pids(root: int) -> List[int]:
     """root and all its descendants, from /proc (ppid links)."""
     children: Dict[int, List[int]] = {}
@@ -167,29 +177,6 @@ def service_pids(control_group: str, main_pid: int) -> Tuple[List[int], str]:
     if main_pid > 0:
         return tree_pids(main_pid), "proc-tree"
     return [], "none"
-
-
-SMI_GPUS = ["--query-gpu=index,name,uuid,memory.total,memory.used",
-            "--format=csv,noheader,nounits"]
-SMI_APPS = ["--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
-            "--format=csv,noheader,nounits"]
-
-
-def smi_readings() -> Optional[Json]:
-    """nvidia-smi's two CSV queries, raw (None without nvidia-smi: no NVIDIA driver)."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return None
-    out: Json = {"smi_gpus": None, "smi_apps": None}
-    for key, args in (("smi_gpus", SMI_GPUS), ("smi_apps", SMI_APPS)):
-        try:
-            code, text = run([smi] + args, timeout=60)
-        except (OSError, subprocess.SubprocessError) as exc:
-            code, text = 1, _err(exc)
-        out[key] = text if code == 0 else None
-        if code != 0:
-            out["smi_error"] = text[-300:]
-    return out
 
 
 def smi_rows(text: Optional[str]) -> List[List[str]]:
@@ -484,6 +471,7 @@ def gpu_facts(python: str) -> Json:
     if out["nvml"] is not None or out.get("smi_gpus") is not None:
         out.update(kernel_nvrm())
     out["cmdlines"] = dict((str(p), cmdline(p)) for p in pids)
+    out["starts"] = dict((str(p), start_time(p)) for p in pids)  # kill re-checks these
     return out
 
 
@@ -642,9 +630,11 @@ def _existing_parent(path: str) -> str:
 def write_atomic(
     path: str, content: str, mode: int, owner: Optional[Tuple[int, int]] = None
 ) -> None:
-    """Temp file in the same directory, fsync, rename: a reader sees old or new, never half."""
+    """Temp file in the same directory, fsync, rename, fsync the directory: a reader sees
+    old or new, never half, and the rename survives a power cut."""
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
+    clean_temps(directory)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".vigil-")
     try:
         os.fchmod(fd, mode)
@@ -659,12 +649,54 @@ def write_atomic(
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    fsync_dir(directory)
+
+
+# What a write killed between mkstemp and rename leaves (SIGKILL, power cut): removed
+# by the next write there, once old enough not to be another writer's.
+TEMP_NAME = re.compile(r"^\.vigil-[a-z0-9_]{8}$|\.vigil-\d+$")
+TEMP_AGE_S = 60.0
+
+
+def clean_temps(directory: str) -> List[str]:
+    removed: List[str] = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    now = time.time()
+    for name in names:
+        if not TEMP_NAME.search(name):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            st = os.lstat(path)
+            if stat.S_ISDIR(st.st_mode) or now - st.st_mtime <= TEMP_AGE_S:
+                continue
+            os.unlink(path)
+            removed.append(path)
+        except OSError:
+            continue
+    return removed
+
+
+def fsync_dir(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def switch_link(link: str, target: str) -> None:
+    directory = os.path.dirname(link)
+    clean_temps(directory)
     tmp = "%s.vigil-%d" % (link, os.getpid())
+    if os.path.lexists(tmp):
+        os.unlink(tmp)  # a PID reused since a killed switch
     os.symlink(target, tmp)
     os.replace(tmp, link)  # rename(2) over the old link: atomic
+    fsync_dir(directory)
 
 
 def backup_release(paths: Dict[str, str]) -> None:
@@ -840,41 +872,107 @@ def run_logged(cmd: List[str], log: str, env: Dict[str, str]) -> int:
         return subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env).returncode
 
 
+def env_child(path: Any, paths: Dict[str, str]) -> Optional[str]:
+    """The real path of `path` if it is an environment directory itself under the env
+    root (a direct child, no symlink, no '..' way out), else None."""
+    if not isinstance(path, str) or not path.startswith("/"):
+        return None
+    root = os.path.realpath(os.path.dirname(paths["env_dir"]))
+    real = os.path.realpath(path)
+    if os.path.islink(path) or real == root or os.path.dirname(real) != root:
+        return None
+    return real
+
+
 def remove_envs(action: Json, paths: Dict[str, str]) -> Json:
-    """Collect old environments; never the one `current` or the kept release points to."""
+    """Collect old environments; never the one `current` or the kept release points to,
+    never anything outside the environment root."""
     keep = set()
     if os.path.islink(paths["current"]):
-        keep.add(os.readlink(paths["current"]))
+        keep.add(os.path.realpath(paths["current"]))
     backup = read_text(os.path.join(paths["backup_dir"], "current"))
     if isinstance(backup, str):
-        keep.add(backup)
+        keep.add(os.path.realpath(backup))
     removed = []
+    refused = []
     for path in action["paths"]:
-        if path in keep or not path.startswith(os.path.dirname(paths["env_dir"]) + "/"):
+        real = env_child(path, paths)
+        if real is None:
+            refused.append(path)
             continue
-        shutil.rmtree(path, ignore_errors=True)
+        if real in keep:
+            continue
+        shutil.rmtree(real, ignore_errors=True)
         for extra in (".install.log", ".constraints.txt"):
-            if os.path.exists(path + extra):
-                os.unlink(path + extra)
-        removed.append(path)
+            if os.path.exists(real + extra):
+                os.unlink(real + extra)
+        removed.append(real)
+    if refused:
+        return {"ok": False, "removed": removed,
+                "error": "refusing to remove paths outside %s: %s"
+                         % (os.path.dirname(paths["env_dir"]), ", ".join(map(str, refused)))}
     return {"ok": True, "removed": removed}
 
 
 def kill_pids(action: Json) -> Json:
-    """End the stale GPU holders named by the controller: TERM, then KILL after 10 s."""
-    pids = [int(p) for p in action["pids"]]
-    for pid in pids:
+    """End the stale GPU holders named by the controller: TERM, then KILL after 10 s.
+
+    Each PID must come with the start time and command line the facts saw: a process
+    that is no longer that one (it ended; its PID was reused during a long install) is
+    left alone. PIDs <= 1 and vigil's own process are refused outright."""
+    expect = action.get("expect") or {}
+    bad = [p for p in action["pids"] if isinstance(p, bool) or not isinstance(p, int)
+           or p <= 1 or p == os.getpid() or str(p) not in expect]
+    if bad:
+        return {"ok": False, "error": "refusing to signal %s: not a PID the facts named"
+                % ", ".join(map(str, bad))}
+    pids = []
+    gone = []
+    handles: Dict[int, Any] = {}
+    for pid in action["pids"]:
+        want = expect[str(pid)]
+        # pin the process first (pidfd: Linux 5.3+, Python 3.9+), then check it is the
+        # one the facts saw; the signal then cannot reach a newcomer with the same PID
+        fd = None
+        if hasattr(os, "pidfd_open"):
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                gone.append(pid)
+                continue
+            except OSError:
+                fd = None
+        if start_time(pid) != want.get("start") or cmdline(pid) != want.get("cmdline"):
+            if fd is not None:
+                os.close(fd)
+            gone.append(pid)
+            continue
+        handles[pid] = fd
+        pids.append(pid)
+
+    def send(pid: int, sig: int) -> None:
+        fd = handles.get(pid)
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    alive = pids
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.2)
-        alive = [p for p in alive if os.path.exists("/proc/%d" % p)]
-    for pid in alive:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    return {"ok": True, "killed": pids, "forced": alive}
+            if fd is not None and hasattr(signal, "pidfd_send_signal"):
+                signal.pidfd_send_signal(fd, sig)
+            else:
+                os.kill(pid, sig)
+
+    try:
+        for pid in pids:
+            send(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        alive = pids
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.2)
+            alive = [p for p in alive if start_time(p) == expect[str(p)].get("start")]
+        for pid in alive:
+            send(pid, signal.SIGKILL)
+    finally:
+        for fd in handles.values():
+            if fd is not None:
+                os.close(fd)
+    return {"ok": True, "killed": pids, "forced": alive, "gone": gone}
 
 
 def _systemctl(args: List[str]) -> Json:
@@ -968,9 +1066,14 @@ def apply(req: Json) -> Json:
     paths = req["paths"]
     results: List[Json] = []
     for action in req["actions"]:
-        kind = action["kind"]
+        kind = str(action.get("kind")) if isinstance(action, dict) else "?"
         applier = APPLIERS.get(kind)
         try:
+            if not isinstance(action, dict):
+                raise ValueError("an action is a JSON object, got %r" % (action,))
+            if "env_dir" in action and env_child(action["env_dir"], paths) is None:
+                raise ValueError("env_dir %r is not under %s" % (
+                    action["env_dir"], os.path.dirname(paths["env_dir"])))
             res = applier(action, paths) if applier else {
                 "ok": False, "error": "unknown action %s" % kind}
         except PermissionError as exc:
@@ -978,6 +1081,9 @@ def apply(req: Json) -> Json:
                    "permission": True}
         except OSError as exc:
             res = {"ok": False, "error": "%s: %s" % (exc.strerror, exc.filename)}
+        except Exception as exc:  # a malformed action: say so, keep what was done
+            res = {"ok": False, "malformed": True,
+                   "error": "malformed %s action: %s" % (kind, _err(exc))}
         res["kind"] = kind
         results.append(res)
         if not res["ok"]:
@@ -1164,26 +1270,42 @@ def probe_gpus(no_nvml: bool) -> Optional[Json]:
              "memory_total_mib": g["memory_total"] / 1048576.0,
              "processes": [{"pid": int(p["pid"]), "used_mib": (p["used_memory"] or 0) / 1048576.0}
                            for p in g["processes"]]} for g in read["gpus"]]}
-    smi = smi_readings()
-    if smi is None:
+    smi = smi_facts()  # the one nvidia-smi query of the facts, read by field name
+    if not smi:
         return None
-    if smi["smi_gpus"] is None:
+    if smi.get("smi_gpus") is None:
         return {"source": "nvidia-smi", "devices": [], "error": smi.get("smi_error")}
     try:
         by_uuid: Dict[str, Json] = {}
         devices = []
-        for r in smi_rows(smi["smi_gpus"]):  # index, name, uuid, memory.total, memory.used
-            d = {"index": _int(r[0]), "name": r[1], "memory_total_mib": float(r[3]),
-                 "memory_used_mib": float(r[4]), "processes": []}
-            by_uuid[r[2]] = d
+        for r in smi_table(smi["smi_gpus"]):
+            d = {"index": _int(r["index"]), "name": r["name"],
+                 "memory_total_mib": _mib(r["memory.total"]),
+                 "memory_used_mib": _mib(r["memory.used"]), "processes": []}
+            by_uuid[r["uuid"]] = d
             devices.append(d)
-        for a in smi_rows(smi["smi_apps"]):  # gpu_uuid, pid, process_name, used_memory
-            if a[0] in by_uuid:
-                by_uuid[a[0]]["processes"].append(
-                    {"pid": _int(a[1]), "used_mib": float(a[3]) if a[3][:1].isdigit() else 0.0})
+        for a in smi_rows(smi.get("smi_apps"))[1:]:
+            # gpu_uuid, pid, process_name (may hold commas), used_gpu_memory: from the ends
+            if len(a) >= 4 and a[0] in by_uuid:
+                by_uuid[a[0]]["processes"].append({"pid": _int(a[1]), "used_mib": _mib(a[-1])})
         return {"source": "nvidia-smi", "devices": devices, "error": None}
-    except (IndexError, ValueError) as exc:
+    except (KeyError, ValueError) as exc:
         return {"source": "nvidia-smi", "devices": [], "error": _err(exc)}
+
+
+def smi_table(text: Optional[str]) -> List[Dict[str, str]]:
+    """CSV with headers (`--format=csv`) as one dict per row, keyed by the field name."""
+    rows = smi_rows(text)
+    if not rows:
+        return []
+    head = [h.split(" [", 1)[0] for h in rows[0]]
+    return [dict((h, r[i]) for i, h in enumerate(head) if i < len(r)) for r in rows[1:]]
+
+
+def _mib(value: str) -> float:
+    """"81559 MiB" -> 81559.0; "[N/A]" (WDDM, some MIG readings) -> 0."""
+    word = value.split(" ", 1)[0]
+    return float(word) if word[:1].isdigit() else 0.0
 
 
 def walk_dir(path: str) -> Json:
@@ -1380,7 +1502,22 @@ VERBS: Dict[str, Any] = {"status": status, "facts": facts, "apply": apply, "roll
                          "packages": packages, "role_facts": role_facts, "probe": probe,
                          "smoke": smoke, "history": history, "logs": logs}
 
+
+def main(argv: List[str], text: str) -> Json:
+    """One reply for any request: a malformed one (bad JSON, unknown verb, missing key)
+    gets {"agent_error": ...}, never a traceback."""
+    verb = VERBS.get(argv[1]) if len(argv) > 1 else None
+    if verb is None:
+        return {"agent_error": "unknown verb %r" % (argv[1:2] or [""])[0]}
+    try:
+        request = json.loads(text or "{}")
+        if not isinstance(request, dict):
+            raise ValueError("the request is not a JSON object")
+        reply: Json = verb(request)
+        return reply
+    except Exception as exc:
+        return {"agent_error": "malformed %s request: %s" % (argv[1], _err(exc))}
+
+
 if __name__ == "__main__":
-    request = json.loads(sys.stdin.read() or "{}")
-    reply = VERBS[sys.argv[1]](request)
-    sys.stdout.write(json.dumps(reply))
+    sys.stdout.write(json.dumps(main(sys.argv, sys.stdin.read())))

@@ -48,6 +48,13 @@ def reply(name: str, verb: str, result: Result) -> dict[str, Any]:
         raise HostError(
             name, f"agent {verb} printed no JSON: {result.stdout[-300:]!r}"
         ) from None
+    if not isinstance(out, dict):
+        raise HostError(name, f"agent {verb} replied {type(out).__name__}, not an object")
+    if "agent_error" in out:
+        # the agent refused the request as a whole before acting on it
+        raise HostError(name, f"agent {verb}: {out['agent_error']}",
+                        fix="a request vigil's own agent does not accept is a vigil bug "
+                        "(or a mixed-version agent); nothing was done by this call")
     return out
 
 
