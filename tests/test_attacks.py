@@ -617,3 +617,45 @@ def test_a12_switch_link_survives_a_stale_temp_link_of_a_reused_pid(tmp_path: Pa
     (tmp_path / f"current.vigil-{os.getpid()}").symlink_to("/stale")
     agent.switch_link(str(link), "/opt/new")
     assert os.readlink(link) == "/opt/new"
+
+
+# -- 6. index credentials never reach a command line, a log line or a reply --------------------
+
+
+def test_a6_index_credentials_stay_out_of_argv_logs_and_replies(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+    import stat as stat_mod
+
+    from vigil.host import agent
+
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    monkeypatch.setenv("PIP_TIMEOUT", "1")
+    env_dir = tmp_path / "envs" / "s-1"
+    token = "s3cr3t-T0KEN"
+    reply = agent.install_env({
+        "env_dir": str(env_dir), "python": "/usr/bin/python3", "installer": "pip",
+        "requirements": ["vigil-no-such-package==1.0"],
+        "index_url": f"http://deployer:{token}@127.0.0.1:9/simple",
+        "extra_index_urls": [f"https://other:{token}@127.0.0.1:9/extra"],
+    })
+    assert reply["ok"] is False
+    assert token not in json.dumps(reply)
+    log = Path(reply["log"])
+    assert stat_mod.S_IMODE(log.stat().st_mode) == 0o600
+    text = log.read_text()
+    assert token not in text
+    commands = [line for line in text.splitlines() if line.startswith("$ ")]
+    assert commands and all("127.0.0.1:9" not in c for c in commands)
+
+
+@pytest.mark.parametrize("url,shown", [
+    ("https://u:tok@h/simple", "https://***@h/simple"),
+    ("see http://tok@h/x and git+https://a:b@g/r", "see http://***@h/x and git+https://***@g/r"),
+    ("https://h/simple", "https://h/simple"),
+])
+def test_a6_redact_hides_url_credentials(url: str, shown: str) -> None:
+    from vigil.host import agent
+
+    assert agent.redact(url) == shown

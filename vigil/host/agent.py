@@ -755,17 +755,29 @@ def install_env(action: Json) -> Json:
     python = os.path.join(env_dir, "bin", "python")
     constraints = env_dir + ".constraints.txt"
     write_atomic(constraints, "".join(r + "\n" for r in action["requirements"]), 0o644)
-    with open(log, "w") as fh:
+    # 0600 from the first byte: the installer's output may name an index
+    with os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+        os.fchmod(fh.fileno(), 0o600)
         fh.write("vigil install %s with %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"),
                                                 uv or "pip"))
     sources: List[str] = []
     for link in action.get("find_links", []):
         sources += ["--find-links", link]
-    if action.get("index_url"):
-        sources += ["--index-url", action["index_url"]]
-    for url in action.get("extra_index_urls", []):
-        sources += ["--extra-index-url", url]
     env = dict(os.environ)
+    # Index URLs may carry user:token@: they go to the installer in its environment,
+    # never on a command line (readable by any user in /proc, and logged).
+    index = action.get("index_url")
+    extra = " ".join(action.get("extra_index_urls", []))
+    if uv:
+        if index:
+            env["UV_INDEX_URL"] = index
+        if extra:
+            env["UV_EXTRA_INDEX_URL"] = extra
+    else:
+        if index:
+            env["PIP_INDEX_URL"] = index
+        if extra:
+            env["PIP_EXTRA_INDEX_URL"] = extra
     cache = action.get("cache_dir")
     pip = [python, "-m", "pip", "--disable-pip-version-check"]
     if uv:
@@ -795,8 +807,8 @@ def install_env(action: Json) -> Json:
         code = run_logged(cmd, log, env)
         if code != 0:
             shutil.rmtree(env_dir, ignore_errors=True)
-            return {"ok": False, "error": "exit %d: %s" % (code, " ".join(cmd[:7])),
-                    "log": log, "tail": tail(log), "installer": "uv" if uv else "pip"}
+            return {"ok": False, "error": "exit %d: %s" % (code, redact(" ".join(cmd[:7]))),
+                    "log": log, "tail": redact(tail(log)), "installer": "uv" if uv else "pip"}
     if action.get("remove"):
         run_logged(uninstall + action["remove"], log, env)
     installed_s = time.monotonic() - started
@@ -865,9 +877,17 @@ def import_errors(python: str, modules: List[str]) -> Dict[str, Optional[str]]:
     return out
 
 
+URL_CREDENTIALS = re.compile(r"(\w[\w+.-]*://)[^/@\s]+@")
+
+
+def redact(text: str) -> str:
+    """user:token@ in any URL -> ***@ (what pip itself prints is already redacted)."""
+    return URL_CREDENTIALS.sub(r"\1***@", text)
+
+
 def run_logged(cmd: List[str], log: str, env: Dict[str, str]) -> int:
     with open(log, "a") as fh:
-        fh.write("$ %s\n" % " ".join(cmd))
+        fh.write("$ %s\n" % redact(" ".join(cmd)))
         fh.flush()
         return subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env).returncode
 
@@ -1284,10 +1304,14 @@ def probe_gpus(no_nvml: bool) -> Optional[Json]:
                  "memory_used_mib": _mib(r["memory.used"]), "processes": []}
             by_uuid[r["uuid"]] = d
             devices.append(d)
-        for a in smi_rows(smi.get("smi_apps"))[1:]:
-            # gpu_uuid, pid, process_name (may hold commas), used_gpu_memory: from the ends
-            if len(a) >= 4 and a[0] in by_uuid:
-                by_uuid[a[0]]["processes"].append({"pid": _int(a[1]), "used_mib": _mib(a[-1])})
+        apps = smi_rows(smi.get("smi_apps"))
+        head = [h.split(" [", 1)[0] for h in (apps[0] if apps else [])]
+        for a in apps[1:]:
+            # uuid and pid come before process_name (which may hold commas); the memory last
+            app = dict((h, a[i]) for i, h in enumerate(head) if i < len(a))
+            if app.get("gpu_uuid") in by_uuid:
+                by_uuid[app["gpu_uuid"]]["processes"].append(
+                    {"pid": _int(app.get("pid")), "used_mib": _mib(a[-1])})
         return {"source": "nvidia-smi", "devices": devices, "error": None}
     except (KeyError, ValueError) as exc:
         return {"source": "nvidia-smi", "devices": [], "error": _err(exc)}
