@@ -69,9 +69,13 @@ def tree() -> Iterator[subprocess.Popen[bytes]]:
 def test_process_tree_cpu_state_rss(tree: subprocess.Popen[bytes]) -> None:
     assert tree.stdout is not None
     child = int(tree.stdout.readline())
-    time.sleep(0.6)  # let the child burn some CPU
-    try:
-        snap = run_probe(pid=tree.pid, no_nvml=True)
+    try:  # until the child has burnt some CPU (however loaded this machine is)
+        for _ in range(100):
+            snap = run_probe(pid=tree.pid, no_nvml=True)
+            items = snap.processes.items if snap.processes is not None else ()
+            if any(p.pid == child and p.cpu_s > 0.2 for p in items):
+                break
+            time.sleep(0.3)
     finally:
         os.kill(child, 9)
     assert snap.processes is not None and snap.processes.source == "proc-tree"
@@ -173,18 +177,23 @@ def _fake(bin_dir: Path, name: str, script: str) -> None:
     p.chmod(0o755)
 
 
-def test_nvidia_smi_fallback(tmp_path: Path) -> None:
+def test_nvidia_smi_fallback_reads_the_facts_query_by_field_name(tmp_path: Path) -> None:
+    """Without NVML the probe reads the one nvidia-smi query the facts use (headers kept,
+    units in the values), here answered with lines of the real H200 capture."""
+    fix = Path(__file__).parent / "fixtures" / "gpus" / "h200"
+    gpus = fix / "query_gpu.csv"
+    apps = fix / "compute_apps.csv"
     _fake(tmp_path, "nvidia-smi", (
         "import sys\n"
         "if any('query-gpu' in a for a in sys.argv):\n"
-        "    print('0, NVIDIA H200, GPU-aaa, 143771, 716')\n"
-        "    print('1, NVIDIA H200, GPU-bbb, 143771, 75469')\n"
-        "else:\n"
-        "    print('GPU-bbb, 2001, python3, 74752')\n"))
+        f"    sys.stdout.write(open({str(gpus)!r}).read())\n"
+        "elif any('query-compute-apps' in a for a in sys.argv):\n"
+        f"    sys.stdout.write(open({str(apps)!r}).read())\n"))
     snap = run_probe(no_nvml=True, path=str(tmp_path))
-    assert snap.gpus is not None and snap.gpus.source == "nvidia-smi"
-    assert [g.memory_used_mib for g in snap.gpus.devices] == [716.0, 75469.0]
-    assert snap.gpus.devices[1].processes[0].pid == 2001
+    assert snap.gpus is not None and snap.gpus.source == "nvidia-smi", snap.gpus
+    (gpu,) = snap.gpus.devices
+    assert (gpu.memory_total_mib, gpu.memory_used_mib) == (143771.0, 32362.0)
+    assert len(gpu.processes) == 3 and gpu.processes[0].used_mib == 2566.0
 
 
 def test_systemd_unit_and_journal(tmp_path: Path, tree: subprocess.Popen[bytes]) -> None:
