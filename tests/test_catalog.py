@@ -262,3 +262,31 @@ def test_ordinary_lines_are_other() -> None:
 def test_phase_order() -> None:
     assert catalog.PHASES[0] == "bootstrap" and catalog.PHASES[-1] == "ready"
     assert catalog.phase_index("compiling") < catalog.phase_index("kv_cache")
+
+
+def test_every_cause_record_is_complete_and_its_remedy_fills_from_the_line() -> None:
+    for cause in catalog.CAUSES:
+        assert cause.patterns and cause.versions and cause.remedy, cause.id
+        for name in cause.needs:  # what the remedy needs, the line must capture
+            assert any(f"(?P<{name}>" in p for p in cause.patterns), (cause.id, name)
+        assert "{" not in catalog.remedy_for(cause.id)  # every placeholder has a default
+    roles = {c.id: c.role for c in catalog.CAUSES}
+    assert roles["engine_dead"] == roles["engine_killed"] == "symptom"
+    assert roles["unknown"] == "chain"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("  | [2024-09-05T00:38:34Z] INFO:     Application startup complete.",
+      "INFO:     Application startup complete."),
+     ('<font color="#2AA1B3"><b>(APIServer pid=1)</b></font> INFO 11-11 12:22:01 '
+      "[launcher.py:42] Route: /docs, Methods: HEAD, GET", "Route: /docs, Methods: HEAD, GET"),
+     ("[rank0]: ValueError: boom", "ValueError: boom"),
+     ("^[[0;36m(APIServer pid=3)^[[0;0m INFO 12-28 04:44:45 [utils.py:253] hi", "hi"),
+     ("vllm-1  | ERROR 11-18 18:07:28 engine.py:366] ValueError: x", "ValueError: x"),
+     ("│ ERROR 09-27 06:46:46 engine.py:157] RuntimeError: y     │", "RuntimeError: y"),
+     ("(RayWorkerWrapper pid=11876, ip=172.19.197.159) INFO 04-25 14:54:40 [loader.py:458] "
+      "Loading weights took 36.24 seconds", "Loading weights took 36.24 seconds")],
+)
+def test_paste_wrappers_are_unwrapped(text: str, message: str) -> None:
+    assert catalog.parse_line(text).message == message
