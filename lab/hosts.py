@@ -482,8 +482,26 @@ def up(n: int = 1, *, timeout: float = 120.0, clean: bool = True) -> list[HostSt
         return _up(n, timeout, clean)
 
 
+INOTIFY_INSTANCES = Path("/proc/sys/fs/inotify/max_user_instances")
+
+
+def _ensure_inotify(n: int) -> None:
+    # Every lab host's systemd, journald and udev hold inotify instances (about 10 per
+    # host), all counted against root's machine-wide limit (Debian: 128). Past it a
+    # booting host stops at "Failed to create inotify object: Too many open files" and
+    # never starts sshd: 13 hosts fit, 34 do not.
+    need = 256 + 16 * n
+    try:
+        if int(INOTIFY_INSTANCES.read_text()) < need:
+            INOTIFY_INSTANCES.write_text(f"{need}\n")
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot raise fs.inotify.max_user_instances to {need}: {exc}",
+                          fix=f"sysctl -w fs.inotify.max_user_instances={need}") from None
+
+
 def _up(n: int, timeout: float, clean: bool) -> list[HostStatus]:
     prepare_machine()
+    _ensure_inotify(n)
     running = _running()
     wanted = range(1, n + 1)
     _write_known_hosts([*wanted, *running])
