@@ -1,0 +1,141 @@
+"""Fleet benchmarks on stand-in lab hosts (lab/fleet.py): no-op re-deploy at 1/8/32 hosts,
+a rolling deploy of 32 hosts in 25 % batches with one host made to fail, and `verify`
+of 32 starting hosts. Every number is `invoke` run as a user runs it (process start
+included), over real SSH to real systemd hosts. Run it under the lab lock:
+
+    flock /tmp/vigil-lab.lock .venv/bin/python bench/fleet/bench.py --hosts 32 --runs 5
+
+Writes bench/fleet/last.json; RESULTS.md records a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from lab import fleet, hosts  # noqa: E402
+
+INVOKE = str(REPO / ".venv" / "bin" / "invoke")
+
+
+def children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def invoke(inv: Path, state: Path, *args: str) -> tuple[int, float, float, str]:
+    """(exit code, wall s, controller CPU s, output) of one `invoke` run."""
+    env = {**os.environ, "INVOKE_VIGIL_INVENTORY": str(inv), "INVOKE_VIGIL_STATE_DIR": str(state)}
+    cpu0, t0 = children_cpu(), time.monotonic()
+    done = subprocess.run([INVOKE, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=3600)
+    return done.returncode, time.monotonic() - t0, children_cpu() - cpu0, done.stdout + done.stderr
+
+
+def noop(inv: Path, state: Path, names: list[str], runs: int, out: Path) -> dict[str, Any]:
+    walls, cpus, trips = [], [], []
+    for _ in range(runs):
+        code, wall, cpu, text = invoke(inv, state, "deploy", "--hosts", ",".join(names),
+                                       "--json", str(out))
+        data = json.loads(out.read_text())["hosts"]
+        if code != 0 or any(r["status"] != "ok" for r in data.values()):
+            raise SystemExit(f"no-op deploy was not a no-op (exit {code}):\n{text[-3000:]}")
+        walls.append(wall)
+        cpus.append(cpu)
+        trips += [r["round_trips"] for r in data.values()]
+    return {"hosts": len(names), "runs": runs, "wall_median_s": round(statistics.median(walls), 2),
+            "wall_min_s": round(min(walls), 2), "wall_max_s": round(max(walls), 2),
+            "cpu_median_s": round(statistics.median(cpus), 2),
+            "round_trips_per_host": sorted(set(trips))}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hosts", type=int, default=32)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--speed", type=float, default=0.05,
+                    help="stand-in time scale of the recorded start (0.05: ~4.5 s)")
+    args = ap.parse_args()
+    nums = fleet.indexes(args.hosts)
+    names = [hosts.host_name(i) for i in nums]
+    work = Path(tempfile.mkdtemp(prefix="vigil-fleet-bench-"))
+    inv, state = work / "inv", work / "state"
+    result: dict[str, Any] = {"hosts": args.hosts, "speed": args.speed}
+
+    before = {h.name for h in hosts.status() if h.running}
+    try:
+        run(args, nums, names, inv, state, work, result)
+    finally:  # hosts this run booted go down again; lab1/lab2 of others stay as they were
+        ours = [hosts.host_name(i) for i in range(1, max(nums) + 1)
+                if hosts.host_name(i) not in before]
+        if ours:
+            hosts.down(ours)
+
+
+def run(args: argparse.Namespace, nums: list[int], names: list[str], inv: Path, state: Path,
+        work: Path, result: dict[str, Any]) -> None:
+    t0 = time.monotonic()
+    hosts.up(max(nums), timeout=900)
+    fleet.provision(nums)
+    result["lab_up_s"] = round(time.monotonic() - t0, 1)
+
+    fleet.write_inventory(inv, nums, speed=args.speed, env={"STANDIN_RELEASE": "a"})
+    code, wall, cpu, text = invoke(inv, state, "deploy", "--hosts", "standin")
+    if code != 0:
+        raise SystemExit(f"first deploy failed (exit {code}):\n{text[-3000:]}")
+    result["first_deploy"] = {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}
+    print("first deploy", result["first_deploy"], flush=True)
+
+    result["noop"] = [noop(inv, state, names[:n], args.runs, work / f"noop{n}.json")
+                      for n in sorted({1, min(8, len(names)), len(names)})]
+    for row in result["noop"]:
+        print("no-op", row, flush=True)
+
+    # verify of every host starting at once: controller CPU per host per poll
+    code, wall, cpu, text = invoke(inv, state, "deploy", "--hosts", "standin", "--restart",
+                                   "--no-wait")
+    code, wall, cpu, text = invoke(inv, state, "verify", "--hosts", "standin", "--json",
+                                   str(work / "verify.json"))
+    ver = json.loads((work / "verify.json").read_text())["hosts"]
+    polls = sum(h["polls"] for h in ver.values())
+    result["verify"] = {"exit": code, "wall_s": round(wall, 1), "cpu_s": round(cpu, 2),
+                        "polls": polls, "verdicts": sorted({h["verdict"] for h in ver.values()}),
+                        "cpu_per_host_poll_ms": round(1000 * cpu / max(1, polls), 1),
+                        "cores_while_watching": round(cpu / wall, 2)}
+    print("verify", result["verify"], flush=True)
+
+    # rolling release b in quarters; one host of the third batch crashes while compiling
+    bad = nums[len(nums) // 2 + 1]
+    fleet.write_inventory(inv, nums, speed=args.speed, env={"STANDIN_RELEASE": "b"},
+                          host_env={bad: {"STANDIN_CRASH_AT": "compiling"}})
+    code, wall, cpu, text = invoke(inv, state, "deploy", "--hosts", "standin", "--serial",
+                                   "25%", "--rollback-failed", "--json",
+                                   str(work / "roll.json"), "--junit", str(work / "roll.xml"))
+    ro = json.loads((work / "roll.json").read_text())
+    result["rolling"] = {
+        "exit": code, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),
+        "batches": [{"hosts": len(b["hosts"]), "seconds": b["seconds"], "failed": b["failed"]}
+                    for b in ro["batches"]],
+        "done": len(ro["done"]), "failed": ro["failed"], "untouched": len(ro["untouched"]),
+        "rolled_back": {h: r["status"] for h, r in ro["rolled_back"].items()},
+        "summary_tail": text.strip().splitlines()[-1],
+    }
+    print("rolling", result["rolling"], flush=True)
+    (REPO / "bench" / "fleet" / "last.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
