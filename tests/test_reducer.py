@@ -366,6 +366,8 @@ def test_the_previous_runs_stop_line_is_not_this_starts() -> None:
                 exec_main_start_epoch=100.0)
     first = Snapshot(time=101.0, unit=unit, journal=Journal(lines=(
         LogLine(us=99_500_000, text="Stopping vllm.service - vLLM (vigil)..."),
+        LogLine(us=99_600_000, text="vllm.service: Main process exited, code=killed, "
+                "status=9/KILL"),
         LogLine(us=100_500_000, text="vLLM server version 0.33.0"))),
         processes=Processes(source="cgroup", items=(Proc(pid=7, state="R"),)))
     assert fold([first])[-1].verdict is None

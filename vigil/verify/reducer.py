@@ -378,6 +378,11 @@ def _fold_lines(st: WatchState, snap: Snapshot, now: float) -> tuple[_Fold, Watc
             f.phase_changed |= _advance(f.spans, m.reached, t)
         if m.kind in ("fatal", "serving", "marker") or m.reached is not None:
             f.st = replace(f.st, begun=True)
+        # A line stamped before this start is the previous run's (a restart's journal
+        # begins with the last run's stop and exit status): never this start's failure.
+        before_start = f.st.started_at is not None and t < f.st.started_at
+        if m.kind == "fatal" and m.cause is not None and before_start:
+            continue
         if m.kind == "fatal" and m.cause is not None:
             rank = "exception" if (m.role == "root" and m.cause == "unknown") else (
                 m.role or "chain")
@@ -394,7 +399,7 @@ def _fold_lines(st: WatchState, snap: Snapshot, now: float) -> tuple[_Fold, Watc
         if m.kind == "stop":
             # The previous run's stop (a restart's "Stopping …" before this start) is not
             # this start's.
-            this_run = f.st.begun and t >= (f.st.started_at or t)
+            this_run = f.st.begun and not before_start
             if f.st.stop_at is None and this_run:
                 f.st = replace(f.st, stop_at=t, stop_line=entry.text.strip()[:200])
             continue
