@@ -20,4 +20,5 @@ ns.add_task(runtime.preflight)
 ns.add_collection(runtime.stack)
 ns.configure({"vigil": {"inventory": "inventory", "roles": "roles",
                         "templates": "roles/service/templates", "state_dir": "state",
-                        "poll_s": 5.0, "history_min_samples": 3}})
+                        # poll_s None: each host's own (roles/verify/defaults.yml)
+                        "poll_s": None, "history_min_samples": 3}})

@@ -223,3 +223,32 @@ def test_role_variable_in_group_vars_is_accepted_and_typo_is_not(inv_dir: Path) 
     (inv_dir / "group_vars" / "all.yml").write_text("health_log_intervl: 5min\n")
     with pytest.raises(ConfigError, match="did you mean 'health_log_interval'"):
         inventory.load(inv_dir)
+
+
+def test_verify_role_overrides_phase_defaults_by_name(inv_dir: Path) -> None:
+    from vigil.verify.budgets import BudgetKey, phase_defaults, plan_budgets
+    from vigil.verify.catalog import PHASE
+
+    inv = inventory.load(inv_dir)
+    hv = inv.host_vars("llm-one", {"phase_budget_s": {"kv_cache": 999},
+                                   "stall_window_s": {"compiling": 1500}, "poll_s": 2})
+    # dicts merge key by key: the role's other phases stay
+    assert hv.phase_budget_s["bootstrap"] == PHASE["bootstrap"].budget_s
+    assert hv.poll_s == 2.0
+    budgets, stalls = phase_defaults(hv.phase_budget_s, hv.stall_window_s)
+    assert budgets["kv_cache"] == 999 and stalls["compiling"] == 1500
+    key = BudgetKey(hardware="cpu-2c", gpu_kind="cpu", model="m", config_hash="c",
+                    stack="s", cache="cold")
+    plan = plan_budgets([], key, weights_gib_per_gpu=None, defaults=(budgets, stalls))
+    assert plan.budgets.budget("kv_cache") == 999 and plan.budgets.stall("compiling") == 1500
+    with pytest.raises(ConfigError, match="no watched phase named 'kv_cahce'"):
+        phase_defaults({"kv_cahce": 1.0}, {})
+
+
+def test_verify_role_defaults_name_every_watched_phase() -> None:
+    from vigil.verify.budgets import WATCHED_PHASES, phase_defaults
+
+    verify = load_all(ROLES_DIR)["verify"].defaults
+    assert set(verify["phase_budget_s"]) == set(WATCHED_PHASES)
+    assert set(verify["stall_window_s"]) == set(WATCHED_PHASES)
+    phase_defaults(verify["phase_budget_s"], verify["stall_window_s"])  # all known names

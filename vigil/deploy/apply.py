@@ -6,9 +6,6 @@ connection, so a bad file, an unknown profile or a template error changes no hos
 
 from __future__ import annotations
 
-import getpass
-import os
-import socket
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -28,7 +25,8 @@ from vigil.desired.targets import Target
 from vigil.errors import HostError, PermissionDeniedError, ServeError, VigilError
 from vigil.report import HostResult, Log
 from vigil.transport.remote import call
-from vigil.transport.ssh import Transport, connect, host_lock
+from vigil.transport.ssh import Transport, connect, host_lock, lock_owner
+from vigil.verify.budgets import phase_defaults
 from vigil.verify.report import Reporter, outcome_json
 from vigil.verify.watch import Settings as WatchSettings
 from vigil.verify.watch import verify_target
@@ -52,11 +50,6 @@ def agent_request(t: Target) -> dict[str, Any]:
 
 def gather(transport: Transport, t: Target) -> HostFacts:
     return parse_facts(t.name, call(transport, t.vars, "facts", agent_request(t), timeout=120))
-
-
-def lock_owner() -> str:
-    since = time.strftime("%H:%M:%S")
-    return f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()} since {since}"
 
 
 @dataclass(frozen=True)
@@ -216,6 +209,8 @@ def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
 
 
 def deploy(targets: list[Target], opts: Options, log: Log) -> list[HostResult]:
+    for t in targets:  # a phase name the catalog does not know fails before any host
+        phase_defaults(t.vars.phase_budget_s, t.vars.stall_window_s)
     if len(targets) == 1:
         return [deploy_host(targets[0], opts, log)]
     with ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:

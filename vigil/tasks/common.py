@@ -42,12 +42,15 @@ def watch_settings(c: Context, poll: float | None = None,
     watch a start the same way."""
     cfg = c.config.vigil
     try:
-        poll_s = float(poll if poll is not None else cfg.get("poll_s", 5.0))
+        # unset: each host's own poll_s (the verify role's default, or the inventory's)
+        chosen = poll if poll is not None else cfg.get("poll_s")
+        poll_s = None if chosen is None else float(chosen)
         min_samples = int(cfg.get("history_min_samples", 3))
     except (TypeError, ValueError):
         raise ConfigError("not a number", key="vigil.poll_s/history_min_samples",
                           fix="set numbers in invoke.yaml") from None
-    if poll_s <= 0 or (stall is not None and stall <= 0) or min_samples < 1:
+    bad_poll = poll_s is not None and poll_s <= 0
+    if bad_poll or (stall is not None and stall <= 0) or min_samples < 1:
         raise ConfigError("--poll and --stall must be positive seconds and "
                           "history_min_samples at least 1", key="--poll/--stall",
                           fix="e.g. --poll 5 --stall 60")

@@ -35,7 +35,7 @@ from vigil.verify import watch
         "json": "write verdicts, phases, budgets, evidence and smoke as JSON to this file",
         "junit": "write a JUnit XML report (one test case per host) to this file",
         "html": "write one self-contained HTML page (phases, evidence, verdict) to this file",
-        "poll": "seconds between polls (default vigil.poll_s, 5)",
+        "poll": "seconds between polls (default: vigil.poll_s, else each host's poll_s, 5)",
         "stall": "override every phase's stall window, in seconds",
     },
     iterable=["set_"],

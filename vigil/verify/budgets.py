@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from vigil.errors import ConfigError
 from vigil.verify.catalog import PHASE, PHASE_RECORDS, PHASES
 
 WATCHED_PHASES: tuple[str, ...] = PHASES[:-1]  # `ready` has no budget
@@ -29,6 +30,19 @@ CacheState = Literal["cold", "warm"]
 DEFAULT_STALL_S: Mapping[str, float] = {p.name: p.stall_s for p in PHASE_RECORDS}
 # Budgets with no history and no size information: generous, like a fixed probe.
 DEFAULT_PHASE_S: Mapping[str, float] = {p.name: p.budget_s for p in PHASE_RECORDS[:-1]}
+
+
+def phase_defaults(
+    budget_s: Mapping[str, float], stall_s: Mapping[str, float]
+) -> tuple[dict[str, float], dict[str, float]]:
+    """The verify role's values (roles/verify/defaults.yml, per host) over the Phase
+    records' defaults, by phase name: (budgets, stall windows) with no history."""
+    for key, given in (("phase_budget_s", budget_s), ("stall_window_s", stall_s)):
+        unknown = sorted(set(given) - set(WATCHED_PHASES))
+        if unknown:
+            raise ConfigError(f"{key}: no watched phase named {unknown[0]!r}", key=key,
+                              fix="use one of: " + ", ".join(WATCHED_PHASES))
+    return ({**DEFAULT_PHASE_S, **budget_s}, {**DEFAULT_STALL_S, **stall_s})
 
 # No phase budget below this: polls are seconds apart, and a phase that usually takes
 # seconds can take a minute on a loaded host without anything being wrong.
@@ -158,10 +172,11 @@ def prior_phase_s(
     gpu_count: int = 1,
     cache: CacheState = "cold",
     disk_gib_s: float = 1.0,
+    defaults: Mapping[str, float] = DEFAULT_PHASE_S,
 ) -> dict[str, float]:
     """Budgets without history: the load phase from the bytes to read at an assumed disk
     speed (x2 margin, all GPUs read from the same disk), compile cold vs warm."""
-    out = dict(DEFAULT_PHASE_S)
+    out = dict(defaults)
     if weights_gib_per_gpu is not None and weights_gib_per_gpu > 0:
         read_s = weights_gib_per_gpu * max(gpu_count, 1) / max(disk_gib_s, 1e-3)
         out["loading_weights"] = min(max(2.0 * read_s + 60.0, FLOOR_S), CAP_S)
@@ -170,9 +185,10 @@ def prior_phase_s(
     return out
 
 
-def stall_windows(samples: Sequence[HistoryRecord]) -> dict[str, float]:
+def stall_windows(samples: Sequence[HistoryRecord],
+                  defaults: Mapping[str, float] = DEFAULT_STALL_S) -> dict[str, float]:
     """Defaults, widened to 2x the longest quiet stretch a successful start has shown."""
-    out = dict(DEFAULT_STALL_S)
+    out = dict(defaults)
     for phase in WATCHED_PHASES:
         quiet = [r.quiet_s[phase] for r in samples if phase in r.quiet_s]
         if quiet:
@@ -197,12 +213,14 @@ def plan_budgets(
     disk_gib_s: float = 1.0,
     min_samples: int = MIN_SAMPLES,
     hard_cap_s: float = HARD_CAP_S,
+    defaults: tuple[Mapping[str, float], Mapping[str, float]] = (DEFAULT_PHASE_S,
+                                                                 DEFAULT_STALL_S),
 ) -> BudgetPlan:
-    """Budgets for the next start under `key`."""
+    """Budgets for the next start under `key`; ``defaults`` from :func:`phase_defaults`."""
     level, samples = select_samples(records, key, min_samples=min_samples)
     prior = prior_phase_s(
         weights_gib_per_gpu=weights_gib_per_gpu, gpu_count=gpu_count,
-        cache=key.cache, disk_gib_s=disk_gib_s,
+        cache=key.cache, disk_gib_s=disk_gib_s, defaults=defaults[0],
     )
     phase_s: dict[str, float] = {}
     source: dict[str, str] = {}
@@ -225,7 +243,8 @@ def plan_budgets(
     else:
         cap = hard_cap_s
     return BudgetPlan(
-        budgets=Budgets(phase_s=phase_s, stall_s=stall_windows(samples), hard_cap_s=cap,
+        budgets=Budgets(phase_s=phase_s, stall_s=stall_windows(samples, defaults[1]),
+                        hard_cap_s=cap,
                         learned=frozenset(p for p, src in source.items() if src == "history")),
         level=level,
         n_samples=len(samples),

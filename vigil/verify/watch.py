@@ -31,6 +31,7 @@ from vigil.verify.budgets import (
     BudgetPlan,
     Budgets,
     HistoryRecord,
+    phase_defaults,
     plan_budgets,
 )
 from vigil.verify.snapshot import Smoke, Snapshot
@@ -47,9 +48,14 @@ VERDICT_EXIT = {"ready": ExitCode.OK, "crashed": ExitCode.CRASHED,
                 "stopped": ExitCode.STOPPED}
 
 
+POLL_S = 5.0  # a start watched without inventory variables (rollback): poll_s's default
+
+
 @dataclass(frozen=True)
 class Settings:
-    poll_s: float = 5.0
+    # None: each host's poll_s (roles/verify/defaults.yml < inventory); --poll or
+    # vigil.poll_s in the Invoke config set it for every host.
+    poll_s: float | None = None
     probe_timeout_s: float = 60.0
     smoke_timeout_s: float = 120.0
     max_probe_failures: int = 3  # consecutive failed probes before the host counts as lost
@@ -208,9 +214,9 @@ class Outcome:
 def cache_state(first: Snapshot, cache_dir: str) -> str:
     """Warm when the service's compile cache held files from before this start.
 
-    A file older than the unit's start was there when it began; with no start time
-    (or an older probe without `oldest_mtime`) any file at the first poll counts. This
-    stays right when the watch attaches to a start that is already compiling.
+    A file older than the unit's start was there when it began; with no start time any
+    file at the first poll counts. This stays right when the watch attaches to a start
+    that is already compiling.
     """
     if first.cache is None:
         return "cold"
@@ -297,7 +303,9 @@ def _verify_on(t: Target, transport: Transport, settings: Settings, state_dir: P
         gpu_count = t.vars.gpu.count if t.vars.gpu is not None else 1
         plan = plan_budgets(mirror.records(), key,
                             weights_gib_per_gpu=t.profile.weights_gib_per_gpu,
-                            gpu_count=max(gpu_count, 1), min_samples=settings.min_samples)
+                            gpu_count=max(gpu_count, 1), min_samples=settings.min_samples,
+                            defaults=phase_defaults(t.vars.phase_budget_s,
+                                                    t.vars.stall_window_s))
         budgets = with_stall(plan.budgets, settings.stall_s)
         plan = replace(plan, budgets=budgets)
         out.plan, out.key = plan, key
@@ -317,8 +325,9 @@ def _verify_on(t: Target, transport: Transport, settings: Settings, state_dir: P
                 on_poll(t.name, state, snap, budgets)
 
         with path.open("w", encoding="utf-8") as fh:
-            state = watch(poller.probe, smoke_fn, budgets, poll_s=settings.poll_s,
-                          first=first, clock=clock, sleep=sleep, on_poll=poll, trace=fh,
+            state = watch(poller.probe, smoke_fn, budgets,
+                          poll_s=settings.poll_s or t.vars.poll_s, first=first, clock=clock,
+                          sleep=sleep, on_poll=poll, trace=fh,
                           max_failures=settings.max_probe_failures, host=t.name)
         out.state = state
         out.smoke = smokes[-1] if smokes else None
@@ -405,8 +414,9 @@ def watch_service(
                 on_poll(name, state, snap, budgets)
 
         with path.open("w", encoding="utf-8") as fh:
-            out.state = watch(poller.probe, smoke_fn, budgets, poll_s=settings.poll_s,
-                              clock=clock, sleep=sleep, on_poll=poll, trace=fh,
+            out.state = watch(poller.probe, smoke_fn, budgets,
+                              poll_s=settings.poll_s or POLL_S, clock=clock, sleep=sleep,
+                              on_poll=poll, trace=fh,
                               max_failures=settings.max_probe_failures, host=name)
         out.smoke = smokes[-1] if smokes else None
         out.exit_code = int(VERDICT_EXIT.get(out.state.verdict or "", ExitCode.FAILED))
