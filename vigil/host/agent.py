@@ -864,16 +864,22 @@ def torch_cuda(python: str) -> Json:
 
 def import_errors(python: str, modules: List[str]) -> Dict[str, Optional[str]]:
     """module -> None, or the last line of its failed import (the exception line).
-    One interpreter per module: a module that fails does not hide the next one."""
+    One interpreter per module: a module that fails does not hide the next one. A scratch
+    HOME: what an import caches there (flashinfer writes ~/.cache/flashinfer) neither
+    lands in the deploying user's home nor fails where that is read-only."""
     out: Dict[str, Optional[str]] = {}
-    for module in modules:
-        if not re.match(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$", str(module)):
-            out[str(module)] = "not a module name"
-            continue
-        code, text = run([python, "-c", "import importlib, sys; "
-                          "importlib.import_module(sys.argv[1])", module], timeout=600)
-        lines = [ln for ln in text.splitlines() if ln.strip()]
-        out[module] = None if code == 0 else (lines[-1] if lines else "exit %d" % code)
+    with tempfile.TemporaryDirectory(prefix="vigil-import-") as home:
+        env = dict(os.environ, HOME=home, XDG_CACHE_HOME=os.path.join(home, ".cache"))
+        for module in modules:
+            if not re.match(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$", str(module)):
+                out[str(module)] = "not a module name"
+                continue
+            proc = subprocess.run([python, "-c", "import importlib, sys; "
+                                   "importlib.import_module(sys.argv[1])", module],
+                                  capture_output=True, text=True, env=env, timeout=600)
+            lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+            out[module] = None if proc.returncode == 0 else (
+                lines[-1] if lines else "exit %d" % proc.returncode)
     return out
 
 
