@@ -213,5 +213,6 @@ def deploy(targets: list[Target], opts: Options, log: Log) -> list[HostResult]:
         phase_defaults(t.vars.phase_budget_s, t.vars.stall_window_s)
     if len(targets) == 1:
         return [deploy_host(targets[0], opts, log)]
-    with ThreadPoolExecutor(max_workers=min(16, len(targets))) as pool:
+    # threads mostly wait on SSH: 32 hosts in one wave, not two (bench/fleet)
+    with ThreadPoolExecutor(max_workers=min(64, len(targets))) as pool:
         return list(pool.map(lambda t: deploy_host(t, opts, log), targets))

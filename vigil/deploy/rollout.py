@@ -229,7 +229,7 @@ def roll(targets: Sequence[Target], batches: list[list[str]], budget: Budget,
         out.batches.append(batch)
         log("rollout", f"batch {i}/{len(batches)}: {', '.join(names)}")
         t0 = time.monotonic()
-        with ThreadPoolExecutor(max_workers=min(32, len(names))) as pool:
+        with ThreadPoolExecutor(max_workers=len(names)) as pool:  # the whole batch at once
             batch.results = list(pool.map(lambda n: deploy_one(by_name[n]), names))
         batch.seconds = round(time.monotonic() - t0, 2)
         failed = batch.failed
