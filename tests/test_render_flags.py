@@ -4,11 +4,25 @@ render helpers whose output names a directory or hides a secret (killing the mut
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
+
+import pytest
 
 from vigil.desired import inventory
 from vigil.desired.config import HostVars, ModelProfile, Stack
-from vigil.desired.render import API_SERVER, env_quote, is_secret, paths_for, stack_hash, vllm_argv
+from vigil.desired.render import (
+    API_SERVER,
+    TEMPLATES,
+    Rendered,
+    env_quote,
+    is_secret,
+    paths_for,
+    render,
+    stack_hash,
+    vllm_argv,
+)
+from vigil.errors import ConfigError, TemplateError
 
 REPO_INV = Path(__file__).resolve().parent.parent / "inventory"
 
@@ -79,3 +93,58 @@ def test_secret_names_declared_or_by_their_shape() -> None:
 def test_env_quote_escapes_what_systemd_would_expand() -> None:
     assert env_quote("it's $HOME `x` \\ \"q\"") == '"it\'s \\$HOME \\`x\\` \\\\ \\"q\\""'
     assert env_quote("XX") == "'XX'"
+    assert env_quote("it's XX") == '"it\'s XX"'  # only those four are escaped
+
+
+# -- render() as a whole: the values it derives and its one clear errors ----------------
+
+def _render(host: HostVars, profile: ModelProfile, env: dict[str, str] | None = None,
+            template_dir: Path = TEMPLATES) -> Rendered:
+    st = inventory.load(REPO_INV).stack("lab-cpu")
+    return render("h", host, profile, st, env or {}, template_dir)
+
+
+def test_percent_in_the_description_is_escaped_for_systemd() -> None:
+    r = _render(_host(), _profile(served_model_name="a%b"))
+    assert "Description=vLLM a%%b on port 8000 (vigil)" in r.unit_text
+
+
+def test_systemd_waits_for_a_drain_longer_than_its_own_stop_timeout() -> None:
+    r = _render(_host(timeout_stop_s=90), _profile(shutdown_timeout_s=120))
+    assert "TimeoutStopSec=150\n" in r.unit_text
+
+
+def test_a_declared_secret_is_masked_whatever_its_name() -> None:
+    r = _render(_host(secret_env=["ODD_NAME"]), _profile(), {"ODD_NAME": "v4lue"})
+    assert "ODD_NAME='v4lue'" in r.env_text
+    assert "v4lue" not in r.env_masked and "ODD_NAME='***'" in r.env_masked
+
+
+def test_a_missing_secret_names_itself_and_the_fix() -> None:
+    with pytest.raises(ConfigError) as err:
+        _render(_host(secret_env=["HF_TOKEN"]), _profile())
+    assert str(err.value) == ("secret_env: secret_env of host h needs HF_TOKEN, not set in "
+                              "your environment\n  fix: export HF_TOKEN=... before running, "
+                              "or remove it from secret_env")
+
+
+def test_a_control_character_in_a_value_is_refused_naming_it() -> None:
+    with pytest.raises(ConfigError, match=r"^TOK: value of TOK contains a control character$"):
+        _render(_host(secret_env=["TOK"]), _profile(), {"TOK": "a\x1bb"})
+
+
+def test_template_errors_name_the_file_and_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(TemplateError) as missing:
+        _render(_host(), _profile(), template_dir=tmp_path)
+    assert str(missing.value) == (f"{tmp_path}/vllm.service.j2: template not found\n"
+                                  "  fix: restore it from the repository")
+    shutil.copytree(TEMPLATES, tmp_path / "t")
+    (tmp_path / "t" / "vllm.service.j2").write_text("a\n{{ nope }}\n")
+    with pytest.raises(TemplateError) as undefined:
+        _render(_host(), _profile(), template_dir=tmp_path / "t")
+    assert str(undefined.value) == (f"{tmp_path}/t/vllm.service.j2: 'nope' is undefined\n"
+                                    "  fix: use only variables vigil/desired/render.py passes")
+    (tmp_path / "t" / "vllm.service.j2").write_text("a\n{% if %}\n")
+    with pytest.raises(TemplateError, match=r"vllm\.service\.j2: line 2: ") as syntax:
+        _render(_host(), _profile(), template_dir=tmp_path / "t")
+    assert syntax.value.fix is None
