@@ -64,6 +64,7 @@ class Budgets:
     hard_cap_s: float = HARD_CAP_S
     learned: frozenset[str] = frozenset()  # phases whose budget comes from history
     timeout_factor: float = TIMEOUT_FACTOR
+    stall_why: Mapping[str, str] = field(default_factory=dict)  # phase -> why this window
 
     def budget(self, phase: str) -> float:
         rec = PHASE.get(phase)
@@ -185,15 +186,51 @@ def prior_phase_s(
     return out
 
 
+# With enough good starts of the same key, a stall window shrinks to this multiple of the
+# longest quiet stretch they showed (never under FLOOR_S, never over the default): a stuck
+# start is called in minutes, not after the generic window.
+STALL_FACTOR = 3.0
+
+
+def stall_window(phase: str, samples: Sequence[HistoryRecord], default: float, *,
+                 same_key: bool, min_samples: int = MIN_SAMPLES) -> tuple[float, str]:
+    """(window, why) for one phase. Widened to 2x a good start's longest quiet stretch
+    when that is above the default; narrowed to STALL_FACTOR x it only from
+    ``min_samples`` good starts of the same key (another key's quiet proves nothing)."""
+    quiet = [r.quiet_s[phase] for r in samples if phase in r.quiet_s]
+    longest = max(quiet, default=0.0)
+    if 2.0 * longest > default:
+        return (min(2.0 * longest, CAP_S),
+                f"widened: a good start was quiet {longest:.0f} s in this phase (2x)")
+    if same_key and len(quiet) >= min_samples:
+        window = min(max(STALL_FACTOR * longest, FLOOR_S), default)
+        why = (f"learned: {STALL_FACTOR:g}x {longest:.0f} s, the longest quiet stretch of "
+               f"{len(quiet)} good starts of this key")
+        if window == FLOOR_S:
+            why += f" (floor {FLOOR_S:.0f} s)"
+        elif window == default:
+            why += " (capped at the default)"
+        return window, why
+    shown = len(quiet) if same_key else 0
+    return default, (f"default: {shown} of {min_samples} good starts of this key needed "
+                     "to learn it")
+
+
+def stall_plan(samples: Sequence[HistoryRecord],
+               defaults: Mapping[str, float] = DEFAULT_STALL_S, *, same_key: bool = False,
+               min_samples: int = MIN_SAMPLES) -> tuple[dict[str, float], dict[str, str]]:
+    """Every watched phase's stall window and why (see :func:`stall_window`)."""
+    out, why = dict(defaults), {}
+    for phase in WATCHED_PHASES:
+        out[phase], why[phase] = stall_window(phase, samples, defaults[phase],
+                                              same_key=same_key, min_samples=min_samples)
+    return out, why
+
+
 def stall_windows(samples: Sequence[HistoryRecord],
                   defaults: Mapping[str, float] = DEFAULT_STALL_S) -> dict[str, float]:
     """Defaults, widened to 2x the longest quiet stretch a successful start has shown."""
-    out = dict(defaults)
-    for phase in WATCHED_PHASES:
-        quiet = [r.quiet_s[phase] for r in samples if phase in r.quiet_s]
-        if quiet:
-            out[phase] = min(max(out[phase], 2.0 * max(quiet)), CAP_S)
-    return out
+    return stall_plan(samples, defaults)[0]
 
 
 @dataclass(frozen=True)
@@ -242,10 +279,12 @@ def plan_budgets(
                   hard_cap_s)
     else:
         cap = hard_cap_s
+    stall_s, stall_why = stall_plan(samples, defaults[1], same_key=level == "exact",
+                                    min_samples=min_samples)
     return BudgetPlan(
-        budgets=Budgets(phase_s=phase_s, stall_s=stall_windows(samples, defaults[1]),
-                        hard_cap_s=cap,
-                        learned=frozenset(p for p, src in source.items() if src == "history")),
+        budgets=Budgets(phase_s=phase_s, stall_s=stall_s, hard_cap_s=cap,
+                        learned=frozenset(p for p, src in source.items() if src == "history"),
+                        stall_why=stall_why),
         level=level,
         n_samples=len(samples),
         source=source,

@@ -220,7 +220,8 @@ def _phase_table(start: Start) -> str:
         src = "history" if sp.name in b.learned else "default"
         rows.append(f"<tr><td>{_e(_label(sp.name))}</td><td>{_mmss(sp.duration(now))}</td>"
                     f"<td>{_mmss(b.budget(sp.name))} ({src})</td>"
-                    f"<td>{_mmss(b.stall(sp.name))}</td>"
+                    f"<td>{_mmss(b.stall(sp.name))} <span class=\"muted\">"
+                    f"{_e(b.stall_why.get(sp.name, 'default'))}</span></td>"
                     f"<td>{_mmss(quiet) if quiet is not None else '-'}</td></tr>")
     return "<table>" + "".join(rows) + "</table>"
 

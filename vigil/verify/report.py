@@ -143,7 +143,8 @@ def _budgets_json(o: Outcome) -> dict[str, Any] | None:
         "hard_cap_s": round(b.hard_cap_s, 1),
         "phases": {
             p: {"budget_s": round(b.budget(p), 1), "stall_s": round(b.stall(p), 1),
-                "source": o.plan.source.get(p, "prior")}
+                "source": o.plan.source.get(p, "prior"),
+                "stall_why": b.stall_why.get(p, "default")}
             for p in reducer.PHASES[:-1]
         },
     }

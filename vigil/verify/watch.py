@@ -232,7 +232,19 @@ def cache_state(first: Snapshot, cache_dir: str) -> str:
 def with_stall(b: Budgets, stall_s: float | None) -> Budgets:
     if stall_s is None:
         return b
-    return replace(b, stall_s={p: stall_s for p in reducer.PHASES})
+    return replace(b, stall_s={p: stall_s for p in reducer.PHASES},
+                   stall_why={p: f"--stall {stall_s:g} (every phase)" for p in reducer.PHASES})
+
+
+def stall_note(b: Budgets) -> str | None:
+    """The live view's line on stall windows that are not the defaults, and why."""
+    moved = [f"{p} {b.stall(p):.0f} s ({why})" for p, why in b.stall_why.items()
+             if not why.startswith("default") and p in reducer.PHASES[:-1]]
+    if not moved:
+        return None
+    if len({why for why in b.stall_why.values()}) == 1 and len(moved) > 1:
+        return f"stall windows: {next(iter(b.stall_why.values()))}"
+    return "stall windows: " + "; ".join(moved)
 
 
 def trace_path(state_dir: Path, host: str, now: float | None = None) -> Path:
@@ -310,6 +322,9 @@ def _verify_on(t: Target, transport: Transport, settings: Settings, state_dir: P
         plan = replace(plan, budgets=budgets)
         out.plan, out.key = plan, key
         note(f"budgets: {plan.level} ({plan.n_samples} past starts), {key.cache} cache")
+        stalls = stall_note(budgets)
+        if stalls:
+            note(stalls)
         path = trace_path(state_dir, t.name)
         path.parent.mkdir(parents=True, exist_ok=True)
         out.trace = str(path)
