@@ -40,8 +40,9 @@ def test_every_builtin_role_has_defaults_and_the_service_role_owns_the_templates
     assert {"restart_sec", "start_limit_burst", "start_limit_interval_s", "timeout_stop_s",
             "limit_nofile", "port"} <= set(roles["service"].defaults)
     assert {"poll_s", "phase_budget_s", "stall_window_s"} <= set(roles["verify"].defaults)
-    assert sorted(p.name for p in (ROLES_DIR / "service" / "templates").iterdir()) == [
-        "vllm.env.j2", "vllm.service.j2"]
+    assert {"vllm.env.j2", "vllm.service.j2"} <= {
+        p.name for p in (ROLES_DIR / "service" / "templates").iterdir()}
+    assert not (REPO / "templates").exists()
 
 
 def test_precedence_role_defaults_all_group_host_set(inv_dir: Path) -> None:
@@ -252,3 +253,15 @@ def test_verify_role_defaults_name_every_watched_phase() -> None:
     assert set(verify["phase_budget_s"]) == set(WATCHED_PHASES)
     assert set(verify["stall_window_s"]) == set(WATCHED_PHASES)
     phase_defaults(verify["phase_budget_s"], verify["stall_window_s"])  # all known names
+
+
+def test_a_user_role_may_not_take_the_service_unit(roles_dir: Path, inv_dir: Path) -> None:
+    mine = roles_dir / "mine"
+    (mine / "templates").mkdir(parents=True)
+    (mine / "templates" / "t.j2").write_text("[Unit]\n")
+    (mine / "role.yml").write_text(
+        "files: [{template: t.j2, dest: /etc/systemd/system/vllm.service}]\n")
+    inv = inventory.load(inv_dir, roles_dir)
+    with pytest.raises(ConfigError, match="which the service role already writes"):
+        resolve(inv, "llm-one", model="glm-5", operator_env=ENV,
+                sets=["roles=[runtime,service,mine]"])

@@ -78,6 +78,7 @@ def resolve(
     operator_env: Mapping[str, str] | None = None,
     template_dir: Path = TEMPLATES,
     require_secrets: bool = True,
+    fits: bool = True,
 ) -> list[Target]:
     host_flags, profile_flags = parse_sets(sets, inv.role_keys())
     env = os.environ if operator_env is None else operator_env
@@ -106,15 +107,30 @@ def resolve(
                 fix=f"pass --stack (one of: {', '.join(inv.names('stacks'))}) or set stack:",
             )
         st = inv.stack(stack_name)
-        check_fits(name, hv, profile)
+        if fits:  # a node group checks its layout across its nodes instead
+            check_fits(name, hv, profile)
         rendered = render(name, hv, profile, st, env, template_dir,
                           require_secrets=require_secrets)
         values = {**hv.model_dump(), **resolved.role_vars}
         user = tuple(render_role(r, name, values) for r in resolved.user_roles)
+        _check_dests(name, user, (rendered.paths.unit, rendered.paths.env))
         targets.append(Target(name, hv, profile, st, rendered, user, resolved.origin,
                               resolved.role_vars))
     return targets
 
+
+
+def _check_dests(host: str, roles: tuple[RenderedRole, ...], taken: tuple[str, ...]) -> None:
+    """Two owners of one file would rewrite it on every deploy: refuse before any host."""
+    owner = {path: "the service role" for path in taken}
+    for role in roles:
+        for f in role.files:
+            if f.dest in owner:
+                raise ConfigError(f"{host}: role {role.name} places {f.dest}, which "
+                                  f"{owner[f.dest]} already writes",
+                                  file=f"roles/{role.name}/role.yml", key="files",
+                                  fix="give the file its own path")
+            owner[f.dest] = f"role {role.name}"
 
 
 def check_fits(host_name: str, host: HostVars, profile: ModelProfile) -> None:
