@@ -247,3 +247,69 @@ def test_sigstop_of_the_worker_during_compile_is_stalled_in_that_phase(host: Pat
     assert st.cause == "stalled_compiling"
     # Within the window: its length after the freeze, plus a poll or two of slack.
     assert st.now is not None and st.now - stopped[0] <= SHORT_STALL_S + 3 * POLL_S
+
+
+def test_operator_stop_during_verify_is_stopped_not_crashed(host: Path) -> None:
+    start()
+    stopped_at: list[int] = []
+
+    def operator_stop(st: reducer.WatchState, snap: Snapshot) -> None:
+        if not stopped_at and st.phase in ("loading_weights", "compiling", "kv_cache"):
+            sh("systemctl stop vllm")
+            stopped_at.append(st.polls)
+
+    try:
+        out = run_verify(host, Settings(poll_s=POLL_S), on_poll=operator_stop)
+    finally:
+        sh(STOP)
+    st = out.state
+    assert stopped_at, "the start was never seen past bootstrap"
+    assert st is not None
+    assert (st.verdict, st.cause, st.remedy) == ("stopped", None, None), st.proof
+    assert st.proof is not None and st.proof.startswith("stopped: ")
+    assert st.polls - stopped_at[0] <= 2
+    assert out.exit_code == 6
+
+
+def test_operator_restart_during_verify_is_stopped_not_crashed(host: Path) -> None:
+    start()
+    restarted: list[int] = []
+
+    def operator_restart(st: reducer.WatchState, snap: Snapshot) -> None:
+        if not restarted and st.phase in ("loading_weights", "compiling", "kv_cache"):
+            sh("systemctl restart vllm")
+            restarted.append(st.polls)
+
+    try:
+        out = run_verify(host, Settings(poll_s=POLL_S), on_poll=operator_restart)
+    finally:
+        sh(STOP)
+    st = out.state
+    assert restarted, "the start was never seen past bootstrap"
+    assert st is not None
+    assert (st.verdict, st.cause) == ("stopped", None), st.proof
+    assert out.exit_code == 6
+
+
+MODEL_DIR = "/srv/models/tiny-llama"  # bind-mounted read-only into the lab host
+CUT_DIR = "/var/tmp/tiny-llama-cut"
+
+
+def test_truncated_weights_file_is_crashed_as_corrupt_weights(host: Path) -> None:
+    # A copy of the model whose shard is cut to 1 KiB (a download that stopped early);
+    # the unit is pointed at it by hand, as in the max-model-len test, then restored.
+    sh(f"rm -rf {CUT_DIR} && cp -r {MODEL_DIR} {CUT_DIR} && "
+       f"truncate -s 1024 {CUT_DIR}/model.safetensors && cp {UNIT} /tmp/vllm.service.bak && "
+       f"sed -i {shlex.quote(f's#{MODEL_DIR}#{CUT_DIR}#g')} {UNIT} && systemctl daemon-reload")
+    try:
+        start()
+        out = run_verify(host, Settings(poll_s=POLL_S))
+    finally:
+        sh(f"cp /tmp/vllm.service.bak {UNIT} && systemctl daemon-reload; {STOP}; "
+           f"rm -rf {CUT_DIR}")
+    st = out.state
+    assert st is not None
+    assert st.verdict == "crashed", st.proof
+    assert st.cause == "corrupt_weights", (st.cause, st.proof)
+    assert st.phase == "loading_weights"
+    assert st.remedy is not None and "re-download" in st.remedy
