@@ -46,8 +46,7 @@ def bench_install(inv: inventory.Inventory, host: str) -> list[dict[str, Any]]:
     stack = inv.stack(hv.stack or "lab-cpu")
     tag = uuid.uuid4().hex[:6]
     rows = []
-    transport = connect(host, hv)
-    try:
+    with connect(host, hv) as transport:
         for installer in ("uv", "pip"):
             cache = f"/var/cache/vigil/bench-{installer}-{tag}"
             for temp in ("cold", "warm"):
@@ -68,8 +67,6 @@ def bench_install(inv: inventory.Inventory, host: str) -> list[dict[str, Any]]:
                 call(transport, hv, "apply", {"paths": paths, "actions": [
                     {"kind": "discard_env", "env_dir": env_dir}]}, timeout=600)
             transport.run(f"rm -rf {cache}", timeout=600)
-    finally:
-        transport.close()
     return rows
 
 

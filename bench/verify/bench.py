@@ -139,12 +139,11 @@ def scenario(name: str, host: str, index: int, stall_s: float) -> dict[str, Any]
 
 def probe_cost(host: str, runs: int = 20) -> dict[str, Any]:
     t = targets_mod.resolve(inventory.load(ROOT / "inventory"), host)[0]
-    transport = connect(host, t.vars)
-    target = watch.ProbeTarget("vllm", t.vars.port, "vllm", t.rendered.paths.cache,
-                               t.rendered.paths.python, "tiny")
-    walls, cpus, rts = [], [], []
-    cursor = None
-    try:
+    with connect(host, t.vars) as transport:
+        target = watch.ProbeTarget("vllm", t.vars.port, "vllm", t.rendered.paths.cache,
+                                   t.rendered.paths.python, "tiny")
+        walls, cpus, rts = [], [], []
+        cursor = None
         for _ in range(runs):
             cmd = ("TIMEFORMAT='%R %U %S'; { time ( "
                    + remote.agent_command("probe", target.python)
@@ -158,8 +157,6 @@ def probe_cost(host: str, runs: int = 20) -> dict[str, Any]:
             real, user, sys_ = (float(x) for x in res.stderr.split()[-3:])
             walls.append(real)
             cpus.append(user + sys_)
-    finally:
-        transport.close()
     return {"runs": runs, "host_wall_s_median": round(statistics.median(walls), 3),
             "host_wall_s_max": round(max(walls), 3),
             "host_cpu_s_median": round(statistics.median(cpus), 3),
