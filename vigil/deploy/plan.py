@@ -141,12 +141,32 @@ def make_plan(
     kill_pids: tuple[int, ...] = (),
     host: HostVars | None = None,
 ) -> Plan:
-    """``host`` gives the runtime role's settings (keep_envs, installer, min_free_gib)."""
+    """The runtime and service roles' plan: one release (environment, unit, env file).
+    ``host`` gives the roles' settings (keep_envs, installer, min_free_gib)."""
     hv = host or HostVars.model_validate({})
+    runtime = plan_runtime(host_name, stack, r, facts, reinstall=reinstall, host=hv)
+    return plan_service(host_name, r, facts, runtime, force_restart=force_restart,
+                        kill_pids=kill_pids, host=hv)
+
+
+@dataclass(frozen=True)
+class RuntimePlan:
+    """The runtime role's part: what to build, and the environment the release runs."""
+
+    install: Action | None
+    target: str
+    differences: tuple[str, ...]  # pins and rules the live environment breaks
+
+
+def plan_runtime(host_name: str, stack: Stack, r: Rendered, facts: HostFacts, *,
+                 reinstall: bool, host: HostVars) -> RuntimePlan:
+    """Runtime role (pure): an install beside the live environment when the pins or
+    rules differ (or --reinstall), refused without the free disk it needs."""
+    hv = host
     min_free = int(hv.min_free_gib * 2**30)
-    actions: list[Action] = []
     runtime = runtime_differences(stack, facts)
     target = in_use(r.paths.env_dir, facts)
+    install = None
     if runtime or reinstall:
         if facts.disk_free_bytes < min_free:
             raise RefusedError(
@@ -156,9 +176,19 @@ def make_plan(
             )
         # built beside the live environment; switched only after it passed verification
         target = install_dir(r.paths.env_dir, facts)
-        actions.append(Action("install_env", "; ".join(runtime) or "--reinstall",
-                              install_payload(stack, target, r.paths.current,
-                                              installer=hv.installer)))
+        install = Action("install_env", "; ".join(runtime) or "--reinstall",
+                         install_payload(stack, target, r.paths.current,
+                                         installer=hv.installer))
+    return RuntimePlan(install, target, tuple(runtime))
+
+
+def plan_service(host_name: str, r: Rendered, facts: HostFacts, runtime: RuntimePlan, *,
+                 force_restart: bool, kill_pids: tuple[int, ...], host: HostVars) -> Plan:
+    """Service role (pure): switch to the runtime's environment, write the unit and env
+    file, keep the replaced release, restart only when something it runs changed."""
+    hv = host
+    actions: list[Action] = [runtime.install] if runtime.install else []
+    target = runtime.target
     switch = facts.current_env != target
     unit_changed = facts.unit_text != r.unit_text
     env_changed = facts.env_text != r.env_text
@@ -194,7 +224,7 @@ def make_plan(
         actions.append(Action("systemctl", "unit file changed", {"args": ["daemon-reload"]}))
     if facts.service.unit_file_state != "enabled":
         actions.append(Action("systemctl", "start at boot", {"args": ["enable", unit]}))
-    changed = [what for what, flag in (("runtime", bool(runtime) or switch),
+    changed = [what for what, flag in (("runtime", bool(runtime.differences) or switch),
                                        ("unit", unit_changed), ("env", env_changed)) if flag]
     restarts = False
     if changed or force_restart:
