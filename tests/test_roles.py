@@ -265,3 +265,33 @@ def test_a_user_role_may_not_take_the_service_unit(roles_dir: Path, inv_dir: Pat
     with pytest.raises(ConfigError, match="which the service role already writes"):
         resolve(inv, "llm-one", model="glm-5", operator_env=ENV,
                 sets=["roles=[runtime,service,mine]"])
+
+
+def test_agent_writes_a_role_file_with_mode_and_owner_and_reads_it_back(
+        tmp_path: Path, inv_dir: Path) -> None:
+    """The real agent functions on this machine: what plan_roles sends is what
+    role_facts then reads back, so the next plan is empty (idempotence, without a host)."""
+    import grp
+    import os
+    import pwd
+
+    from vigil.deploy.roles import request
+    from vigil.desired.roles import RenderedFile, RenderedRole
+    from vigil.host import agent
+
+    me = pwd.getpwuid(os.getuid()).pw_name
+    group = grp.getgrgid(os.getgid()).gr_name
+    dest = tmp_path / "etc" / "thing.conf"
+    role = RenderedRole("mine", (RenderedFile("mine", str(dest), "a=1\n", "640", me, None),),
+                        ())
+    facts = parse_role_facts(agent.role_facts(request((role,))))
+    (write,) = plan_roles((role,), facts)
+    reply = agent.apply({"paths": {}, "actions": [write.wire()]})
+    assert reply["results"] == [{"ok": True, "kind": "write_file"}]
+    assert dest.read_text() == "a=1\n" and dest.stat().st_mode & 0o777 == 0o640
+    back = agent.role_facts(request((role,)))["files"][str(dest)]
+    assert back == {"text": "a=1\n", "mode": "640", "owner": me, "group": group}
+    assert plan_roles((role,), parse_role_facts(agent.role_facts(request((role,))))) == []
+    bad = {**write.wire(), "owner": "no-such-user-here"}
+    (res,) = agent.apply({"paths": {}, "actions": [bad]})["results"]
+    assert res["ok"] is False and "no user or group no-such-user-here" in res["error"]
