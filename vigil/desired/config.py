@@ -221,6 +221,8 @@ class ModelProfile(Strict):
     env: dict[str, str] = Field(default_factory=dict)
     weights_gib_per_gpu: float = Field(gt=0, description="for budgets and disk checks")
     num_attention_heads: int | None = Field(None, ge=1)
+    num_hidden_layers: int | None = Field(
+        None, ge=1, description="config.json's; pipeline stages need a layer each")
     shutdown_timeout_s: int = Field(
         0, ge=0, description="vLLM --shutdown-timeout: in-flight requests may finish for this "
         "long on stop (0: aborted)")

@@ -11,7 +11,7 @@ import hashlib
 import hmac
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,6 +83,11 @@ def service_paths(host: HostVars) -> dict[str, str]:
     }
 
 
+def lock_path(host: HostVars) -> str:
+    """The service's deploy lock: deploy and rollback both take it."""
+    return f"{STATE_ROOT}/{host.service}.lock"
+
+
 def paths_for(host: HostVars, stack: Stack) -> Paths:
     svc = host.service
     release = service_paths(host)
@@ -95,7 +100,7 @@ def paths_for(host: HostVars, stack: Stack) -> Paths:
         backup_dir=release["backup_dir"],
         state=f"{STATE_ROOT}/{svc}",
         cache=f"{CACHE_ROOT}/{svc}",
-        lock=f"{STATE_ROOT}/{svc}.lock",
+        lock=lock_path(host),
     )
 
 
@@ -215,9 +220,13 @@ def render(
     template_dir: Path = TEMPLATES,
     *,
     require_secrets: bool = True,
+    argv: Sequence[str] | None = None,
+    node_note: str = "",
 ) -> Rendered:
     """Render one host's files. ``require_secrets=False`` (render for review) writes
-    missing secrets as empty values; they are masked in every shown form anyway."""
+    missing secrets as empty values; they are masked in every shown form anyway. A node
+    of a node group (vigil.desired.groups) passes its own ``argv`` and a ``node_note``
+    that the unit carries as a comment."""
     paths = paths_for(host, stack)
     env: dict[str, str] = {**profile.env, **host.env}
     missing = [n for n in host.secret_env if n not in operator_env]
@@ -234,7 +243,7 @@ def render(
         if not re.match(r"^[^\x00-\x1f\x7f]*$", value):
             raise ConfigError(f"value of {name} contains a control character", key=name)
     secrets = frozenset(n for n in env if is_secret(n, frozenset(host.secret_env)))
-    argv = vllm_argv(paths.python, host, profile)
+    argv = list(argv) if argv is not None else vllm_argv(paths.python, host, profile)
     jenv = _environment(template_dir)
     context: dict[str, object] = {
         "managed_banner": BANNER,
@@ -255,6 +264,7 @@ def render(
         # systemd must not SIGKILL a drain that vLLM is allowed to take
         "timeout_stop_s": max(host.timeout_stop_s, profile.shutdown_timeout_s + 30),
         "limit_nofile": host.limit_nofile,
+        "node_note": node_note,
     }
     unit_text = _render(jenv, "vllm.service.j2", context)
     env_text = _render(jenv, "vllm.env.j2", {**context, "env": env})

