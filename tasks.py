@@ -11,13 +11,14 @@ from __future__ import annotations
 from invoke.collection import Collection
 
 import lab.tasks
-from vigil.tasks import deploy, runtime, verify
+from vigil.tasks import deploy, group, runtime, verify
 
 ns = Collection(deploy.deploy, deploy.render, deploy.status, deploy.logs, deploy.rollback,
                 verify.verify, verify.history, verify.replay)
 ns.add_collection(lab.tasks.ns)
 ns.add_task(runtime.preflight)
 ns.add_collection(runtime.stack)
+ns.add_collection(group.ns)
 ns.configure({"vigil": {"inventory": "inventory", "roles": "roles",
                         "templates": "roles/service/templates", "state_dir": "state",
                         # poll_s None: each host's own (roles/verify/defaults.yml)

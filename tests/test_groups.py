@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -20,9 +22,10 @@ from vigil.deploy.group import order, plan_group, rollback_steps
 from vigil.desired import groups, inventory
 from vigil.desired.groups import CPU_LAUNCHER, NodeGroup, resolve_group
 from vigil.errors import ConfigError, RefusedError
-from vigil.verify.budgets import BudgetKey
-from vigil.verify.group import NodeView, group_key, group_state
+from vigil.verify.budgets import BudgetKey, Budgets
+from vigil.verify.group import GroupState, NodeView, group_key, group_state, watch_group
 from vigil.verify.reducer import Fatal, PhaseSpan, WatchState
+from vigil.verify.snapshot import Smoke, Snapshot, Unit
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "fixtures" / "golden-groups"
@@ -293,3 +296,105 @@ def test_history_key_includes_the_layout() -> None:
     g = group_key(key, "2n-tp8-pp2-dp1-native")
     assert g.hardware == "2n-tp8-pp2-dp1-native x 8xH200-141GB" and g.model == key.model
     assert g != key
+
+
+# -- preflight on a node: its share of the layout -----------------------------------
+
+
+def test_preflight_judges_a_node_by_its_share_of_the_layout() -> None:
+    from tests.test_gpus import capture
+    from tests.test_plan import facts_for
+    from vigil.deploy.preflight import problems
+
+    g = resolve_group(inventory.load(GOLDEN / "inventory"), "glm-native", operator_env=ENV)
+    node = g.nodes[1].target
+    assert node.gpus_needed == 8 and node.profile.gpus_needed == 16
+    eight = capture("b200_x8")  # a real 8x B200 capture
+    facts = facts_for(node, gpus=eight)
+
+    def counted(gpus_needed: int | None, facts_: object = facts) -> list[str]:
+        return [str(e) for e in problems(node.name, node.profile, node.rendered,
+                                         facts_,  # type: ignore[arg-type]
+                                         gpus_needed=gpus_needed)
+                if "GPUs" in str(e) and "shows" in str(e)]
+
+    assert counted(8) == []  # 8 of the 16 ranks live here
+    assert any("= 16 GPUs; the host shows 8" in e for e in counted(None))
+    head, *rows = str(eight["smi_gpus"]).splitlines()
+    four = facts_for(node, gpus={**eight, "smi_gpus": "\n".join([head, *rows[:4]]) + "\n"})
+    assert any("puts 8 GPUs of work on each node; the host shows 4" in e
+               for e in counted(8, four))
+
+
+# -- the front door -------------------------------------------------------------------
+
+
+def _invoke(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "INVOKE_VIGIL_INVENTORY": str(GOLDEN / "inventory"), "HF_TOKEN": "x"}
+    return subprocess.run([str(REPO / ".venv" / "bin" / "invoke"), *args], cwd=REPO,
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_group_render_writes_the_golden_files(tmp_path: Path) -> None:
+    out = _invoke("group.render", "--name", "glm-ray", "--out", str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "node group glm-ray: 2n-tp8-pp2-dp1-ray, head gpu-c" in out.stdout
+    for rel in ("gpu-c/vllm.service", "gpu-c/vllm.env", "gpu-c/vllm-ray.service",
+                "gpu-d/vllm-ray.service"):
+        assert (tmp_path / "glm-ray" / rel).read_text() == \
+            (GOLDEN / "rendered" / "glm-ray" / rel).read_text()
+    assert not (tmp_path / "glm-ray" / "gpu-d" / "vllm.service").exists()
+
+
+def test_a_bad_group_exits_2_before_any_host() -> None:
+    out = _invoke("group.deploy", "--name", "glm-native", "--set",
+                  "tensor_parallel_size=16")
+    assert out.returncode == 2
+    assert out.stderr.startswith("error: gpu-a: node group glm-native puts 16 GPUs")
+    assert "Traceback" not in out.stderr
+
+
+# -- the group watch over real recorded lab traces ------------------------------------
+
+
+def _replaying(trace: str) -> tuple[Callable[[str | None], Snapshot], Callable[[], Smoke]]:
+    """A node's probe replaying a real trace (its last snapshot repeats), and the smoke
+    that trace recorded."""
+    snaps = [Snapshot.from_json(line) for line in
+             (REPO / "tests" / "fixtures" / "traces" / trace).read_text().splitlines()
+             if line.strip()]
+    it = iter(snaps)
+    last: list[Snapshot] = []
+
+    def probe(cursor: str | None) -> Snapshot:
+        last.append(next(it, snaps[-1]))
+        return last[-1]
+
+    def smoke() -> Smoke:
+        found = last[-1].smoke if last else None
+        return found if found is not None else Smoke(ok=False, error="no smoke recorded")
+    return probe, smoke
+
+
+def test_watch_group_over_real_traces_crash_names_the_node() -> None:
+    head_probe, head_smoke = _replaying("lab-cold-ready.jsonl")
+    worker_probe, _ = _replaying("lab-kill9-crashed.jsonl")
+    seen: list[GroupState] = []
+    out = watch_group({"a": head_probe, "b": worker_probe}, {"a": 0, "b": 1}, head_smoke,
+                      Budgets(), poll_s=0, sleep=lambda s: None, on_poll=seen.append)
+    final = out.history[-1]
+    assert (final.verdict, final.node) == ("crashed", "b")
+    assert final.proof is not None and final.proof.startswith("b: ")
+    assert out.nodes["b"].state.verdict == "crashed"
+    assert len(seen) == len(out.history) > 1
+
+
+def test_watch_group_a_worker_not_started_is_never_joined() -> None:
+    head_probe, head_smoke = _replaying("lab-cold-ready.jsonl")
+    inactive = Snapshot(time=1.0, unit=Unit(name="vllm.service", active_state="inactive"))
+    out = watch_group({"a": head_probe, "b": lambda cursor: inactive}, {"a": 0, "b": 1},
+                      head_smoke, Budgets(), poll_s=0, sleep=lambda s: None,
+                      deadline_s=-1)  # one round
+    gs = out.history[-1]
+    assert not out.nodes["b"].started and gs.phases["b"] == "not started"
+    assert "b" in gs.missing and gs.summary.endswith("not started: b")

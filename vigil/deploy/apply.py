@@ -158,7 +158,8 @@ def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
                         if t.takes("preflight"):
                             check_host(t.name, t.profile, t.rendered, facts,
                                        kill_stale=opts.kill_stale, stack=t.stack,
-                                       policy=GpuPolicy.of(t.vars))
+                                       policy=GpuPolicy.of(t.vars),
+                                       gpus_needed=t.gpus_needed)
                         stale = (tuple(s.pid for s in stale_gpu_processes(facts))
                                  if opts.kill_stale else ())
                         plan = make_plan(t.name, t.stack, t.rendered, facts,

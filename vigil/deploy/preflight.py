@@ -24,11 +24,11 @@ def stale_gpu_processes(facts: HostFacts) -> list[StaleProcess]:
 def check_host(
     host_name: str, profile: ModelProfile, r: Rendered, facts: HostFacts,
     *, kill_stale: bool = False, stack: Stack | None = None,
-    policy: GpuPolicy | None = None,
+    policy: GpuPolicy | None = None, gpus_needed: int | None = None,
 ) -> None:
     """Refuse, with the evidence, what the host's facts make impossible."""
     found = problems(host_name, profile, r, facts, kill_stale=kill_stale, stack=stack,
-                     policy=policy)
+                     policy=policy, gpus_needed=gpus_needed)
     if found:
         raise found[0]
 
@@ -36,10 +36,11 @@ def check_host(
 def problems(
     host_name: str, profile: ModelProfile, r: Rendered, facts: HostFacts,
     *, kill_stale: bool = False, stack: Stack | None = None,
-    policy: GpuPolicy | None = None,
+    policy: GpuPolicy | None = None, gpus_needed: int | None = None,
 ) -> list[VigilError]:
     """Every refusal the facts justify, in the order a deploy meets them. With ``stack``
-    the GPUs are also judged against its CUDA release and architectures."""
+    the GPUs are also judged against its CUDA release and architectures.
+    ``gpus_needed``: a node group's node needs its share of the layout, not all of it."""
     out: list[VigilError] = []
     for what, ok in facts.writable.items():
         if not ok:
@@ -99,9 +100,14 @@ def problems(
             fix="use a tensor_parallel_size that divides the head count",
         ))
     if profile.device == "cuda":
-        need = profile.gpus_needed
+        need = gpus_needed or profile.gpus_needed
         have = facts.gpus.count
-        if have < need:
+        if have < need and gpus_needed:
+            out.append(RefusedError(
+                f"{host_name}: its node group puts {need} GPUs of work on each node; "
+                f"the host shows {have} (via {facts.gpus.source})",
+                fix="add nodes to the group or lower the parallel sizes"))
+        elif have < need:
             why = f" (NVML: {facts.gpus.error})" if facts.gpus.error and not have else ""
             out.append(RefusedError(
                 f"{host_name}: profile {profile.name} needs tensor_parallel_size "

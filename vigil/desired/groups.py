@@ -380,7 +380,9 @@ def resolve_group(
                               argv=node_argv(spec, layout, addr, t, rank), node_note=note)
         ray = render_ray(spec, addr, t, rank, note, template_dir) \
             if spec.backend == "ray" else None
-        nodes.append(Node(t.name, rank, replace(t, rendered=rendered), serves, ray))
+        share = layout.per_node if t.profile.device == "cuda" else None
+        nodes.append(Node(t.name, rank, replace(t, rendered=rendered, gpus_needed=share),
+                          serves, ray))
     return NodeGroup(spec, file, layout, addr, tuple(nodes))
 
 

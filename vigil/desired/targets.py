@@ -29,6 +29,7 @@ class Target:
     roles: tuple[RenderedRole, ...] = ()  # the host's user roles, rendered
     origin: Mapping[str, str] = field(default_factory=dict)  # variable -> where it was set
     role_vars: Mapping[str, Any] = field(default_factory=dict)  # user roles' variables
+    gpus_needed: int | None = None  # a node group's node: its share of the layout
 
     def takes(self, role: str) -> bool:
         return role in self.vars.roles

@@ -20,11 +20,13 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from vigil.transport.ssh import connect, privileged
-from vigil.verify.budgets import BudgetKey, Budgets
-from vigil.verify.reducer import PHASES, TERMINAL, WatchState, initial, step
+from vigil.verify import history
+from vigil.verify.budgets import BudgetKey, Budgets, HistoryRecord, phase_defaults, plan_budgets
+from vigil.verify.reducer import PHASES, TERMINAL, WatchState, initial, phase_durations, step
 from vigil.verify.smoke import served_name
 from vigil.verify.snapshot import Smoke, Snapshot
 from vigil.verify.watch import POLL_S, Poller, ProbeTarget, Settings, with_stall
@@ -214,18 +216,23 @@ def verify_group(
     group: NodeGroup,
     settings: Settings,
     *,
+    state_dir: Path | None = None,
     on_poll: Callable[[GroupState], None] | None = None,
     deadline_s: float | None = None,
 ) -> GroupWatch:
     """Watch a node group's start over one connection per node: every node's journal,
-    processes and GPUs, one verdict. Budgets are the phase defaults (or --stall)."""
+    processes and GPUs, one verdict. With ``state_dir`` the budgets come from the history
+    of this group's layout (the head's key with the layout in it) and the start is
+    recorded there and on the head; else the phase defaults (or --stall)."""
     budgets = with_stall(Budgets(), settings.stall_s)
     with ExitStack() as stack:
         probes = {}
+        transports = {}
         head_poller: Poller | None = None
         for node in group.nodes:
             t = node.target
             transport = stack.enter_context(connect(t.name, t.vars))
+            transports[node.name] = transport
             target = ProbeTarget(
                 unit=t.vars.service, port=t.vars.port, user=t.vars.service_user,
                 cache_dir=t.rendered.paths.cache, python=t.rendered.paths.python,
@@ -236,9 +243,41 @@ def verify_group(
             if node.rank == 0:
                 head_poller = poller
         assert head_poller is not None
-        return watch_group(probes, {n.name: n.rank for n in group.nodes}, head_poller.smoke,
-                           budgets, poll_s=settings.poll_s or POLL_S, on_poll=on_poll,
-                           deadline_s=deadline_s)
+        head = group.head.target
+        key = mirror = None
+        if state_dir is not None:
+            mirror = history.Mirror(state_dir / "history.sqlite")
+            cores, records = history.read_host(transports[head.name], head.vars)
+            mirror.add(records)
+            # a group start is judged cold: the layout's history is its own
+            key = group_key(history.budget_key(head.vars, head.profile, head.stack,
+                                               head.rendered, "cold", cores),
+                            group.layout.label)
+            gpus = head.gpus_needed or 1
+            plan = plan_budgets(mirror.records(), key,
+                                weights_gib_per_gpu=head.profile.weights_gib_per_gpu,
+                                gpu_count=gpus, min_samples=settings.min_samples,
+                                defaults=phase_defaults(head.vars.phase_budget_s,
+                                                        head.vars.stall_window_s))
+            budgets = with_stall(plan.budgets, settings.stall_s)
+        out = watch_group(probes, {n.name: n.rank for n in group.nodes}, head_poller.smoke,
+                          budgets, poll_s=settings.poll_s or POLL_S, on_poll=on_poll,
+                          deadline_s=deadline_s)
+        final = out.history[-1]
+        st = out.nodes[head.name].state
+        if mirror is not None and key is not None and final.verdict is not None \
+                and st.started_at is not None:
+            rec = HistoryRecord(
+                key=key, started_at=st.started_at, verdict=final.verdict,
+                phases_s={k: round(v, 3) for k, v in phase_durations(st).items()},
+                total_s=round((st.now or st.started_at) - st.started_at, 3),
+                cause=final.cause, host=head.name,
+                quiet_s={k: round(v, 3) for k, v in st.quiet_s.items()},
+                weights_gib_per_gpu=head.profile.weights_gib_per_gpu,
+                gpu_count=head.gpus_needed or 1)
+            history.append_host(transports[head.name], head.vars, rec)
+            mirror.add([rec])
+        return out
 
 
 def _privileged(command: str, host: HostVars) -> str:

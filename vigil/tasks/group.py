@@ -1,0 +1,157 @@
+"""Invoke tasks of node groups (one model across several hosts): ``group.deploy``,
+``group.verify``, ``group.render``, ``group.rollback``. Each parses its flags, makes one
+library call and reports."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from invoke.collection import Collection
+from invoke.context import Context
+from invoke.tasks import task
+
+from vigil.deploy import apply as deploy_mod
+from vigil.deploy import service
+from vigil.deploy.group import deploy_group, order, rollback_steps
+from vigil.desired import review
+from vigil.desired.groups import NodeGroup, resolve_group
+from vigil.exitcodes import ExitCode
+from vigil.report import Log
+from vigil.tasks.common import (
+    SET_HELP,
+    exit_with,
+    load_inventory,
+    setting,
+    user_errors,
+    watch_settings,
+)
+from vigil.transport.ssh import connect
+from vigil.verify.group import GroupState, verify_group
+from vigil.verify.watch import VERDICT_EXIT, Settings
+
+NAME_HELP = "node group (inventory/node_groups/NAME.yml)"
+
+
+def _resolve(c: Context, name: str, sets: list[str] | None, *, secrets: bool = True,
+             ) -> NodeGroup:
+    return resolve_group(load_inventory(c), name, sets=sets or [],
+                         template_dir=setting(c, "templates"), require_secrets=secrets)
+
+
+def _show(log: Log, group: str) -> Callable[[GroupState], None]:
+    last: list[str] = []
+
+    def on_poll(gs: GroupState) -> None:
+        line = gs.summary + "  [" + ", ".join(f"{n} {p}" for n, p in gs.phases.items()) + "]"
+        if not last or last[-1] != line:
+            log(group, line)
+            last.append(line)
+    return on_poll
+
+
+def _watch(c: Context, g: NodeGroup, log: Log, settings: Settings) -> int:
+    gs = verify_group(g, settings, state_dir=setting(c, "state_dir"),
+                      on_poll=_show(log, g.spec.name)).history[-1]
+    if gs.verdict is None:
+        log(g.spec.name, "no verdict")
+        return int(ExitCode.TIMED_OUT)
+    where = f" on {gs.node}" if gs.node else ""
+    log(g.spec.name, f"{gs.verdict.upper()}{where}: {gs.summary}")
+    if gs.proof:
+        log(g.spec.name, f"proof: {gs.proof}")
+    if gs.remedy:
+        log(g.spec.name, f"remedy: {gs.remedy}")
+    return int(VERDICT_EXIT.get(gs.verdict, ExitCode.FAILED))
+
+
+def _rollback(c: Context, g: NodeGroup, log: Log, nodes: list[str]) -> None:
+    targets = {n.name: n.target for n in g.nodes}
+    settings, state_dir = watch_settings(c), setting(c, "state_dir")
+    for name in nodes:
+        hv = targets[name].vars
+        with connect(name, hv) as transport:
+            service.rollback(transport, hv, wait=False, settings=settings,
+                             state_dir=state_dir, log=log)
+
+
+@task(help={"name": NAME_HELP, "check": "show the group's plan and diffs, change nothing",
+            "restart": "restart the group even when nothing changed", "set": SET_HELP,
+            "no_wait": "do not verify the group's start",
+            "stall": "override every phase's stall window, in seconds",
+            "rollback_failed": "when a node fails, put every changed node back"},
+      iterable=["set_"])
+def deploy(c: Context, name: str, check: bool = False, restart: bool = False,
+           set_: list[str] | None = None, no_wait: bool = False, stall: float | None = None,
+           rollback_failed: bool = False) -> None:
+    """Deploy a node group as one service: every node planned, the group restarted
+    together in the order its backend needs, then one verdict for the group."""
+    with user_errors():
+        g = _resolve(c, name, set_)
+        log = Log(width=max(len(n) for n in (*g.names, name)))
+        opts = deploy_mod.Options(check=check, restart=restart, wait=False,
+                                  state_dir=setting(c, "state_dir"))
+        result = deploy_group(g, opts, log, rollback=(
+            (lambda node: _rollback(c, g, log, [node])) if rollback_failed else None))
+        log(name, f"group {result.status}" + (f" at {result.failed_node}: {result.error}"
+                                              if result.failed_node else ""))
+        if result.status == "failed":
+            exit_with([ExitCode.FAILED])
+            return
+        if check or no_wait or (result.plan is not None and not result.plan.restart):
+            return
+        code = _watch(c, g, log, watch_settings(c, stall=stall))
+        if code and rollback_failed:
+            back = [s.node for s in rollback_steps(
+                g, {n: r.status == "changed" for n, r in
+                    zip(order(g), result.nodes, strict=False)})]
+            log(name, f"the group did not come up: rolling back {', '.join(back)}")
+            _rollback(c, g, log, back)
+    exit_with([code])
+
+
+@task(help={"name": NAME_HELP, "set": SET_HELP + " (as deploy)",
+            "stall": "override every phase's stall window, in seconds",
+            "poll": "seconds between polls"}, iterable=["set_"])
+def verify(c: Context, name: str, set_: list[str] | None = None, stall: float | None = None,
+           poll: float | None = None) -> None:
+    """Watch every node's start: the group's phase, who joined, one verdict."""
+    with user_errors():
+        g = _resolve(c, name, set_)
+        code = _watch(c, g, Log(width=max(len(n) for n in (*g.names, name))),
+                      watch_settings(c, poll, stall))
+    exit_with([code])
+
+
+@task(help={"name": NAME_HELP, "out": "directory: OUT/GROUP/HOST/", "set": SET_HELP},
+      iterable=["set_"])
+def render(c: Context, name: str, out: str = "rendered", set_: list[str] | None = None,
+           ) -> None:
+    """Write every node's files (secrets masked) to OUT/GROUP/HOST/."""
+    with user_errors():
+        g = _resolve(c, name, set_, secrets=False)
+        print(f"node group {name}: {g.layout.label}, head {g.head.name}, master "
+              f"{g.master_addr}")
+        for n in g.nodes:
+            where = Path(out) / name / n.name
+            if n.serves:
+                print("\n".join(review.write_files(n.target, where)))
+            if n.ray is not None:
+                where.mkdir(parents=True, exist_ok=True)
+                (where / n.ray.name).write_text(n.ray.text)
+                print(f"{where / n.ray.name}  ({n.ray.path} on {n.name})")
+
+
+@task(help={"name": NAME_HELP})
+def rollback(c: Context, name: str) -> None:
+    """Put every node's previous release back (workers first, the head last) and verify
+    the group."""
+    with user_errors():
+        g = _resolve(c, name, None)
+        log = Log(width=max(len(n) for n in (*g.names, name)))
+        _rollback(c, g, log, list(reversed(order(g))))
+        code = _watch(c, g, log, watch_settings(c))
+    exit_with([code])
+
+
+ns = Collection("group", deploy, verify, render, rollback)
