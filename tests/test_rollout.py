@@ -252,3 +252,21 @@ def test_shutdown_timeout_from_the_profile(tmp_path: Path, seconds: int, stop: i
     flags = [a for a in t.rendered.argv if a.startswith("--shutdown-timeout")]
     assert flags == ([f"--shutdown-timeout={seconds}"] if seconds else [])
     assert f"TimeoutStopSec={stop}\n" in t.rendered.unit_text
+
+
+def test_the_rollout_picture_has_a_row_per_host(tmp_path: Path) -> None:
+    from vigil.deploy import rollout_html
+
+    names = HOSTS[:8]
+    ro = rollout.roll(_targets(tmp_path, names), rollout.plan_batches(names, "1,25%"),
+                      rollout.Budget(), Recorder({"h03"}), Log(),
+                      rollback_one=lambda t: HostResult(t.name, "rolled_back", seconds=2.0))
+    svg = ET.fromstring(rollout_html.rollout_svg(ro))  # well-formed
+    labels = [t.text for t in svg.iter("{http://www.w3.org/2000/svg}text")]
+    assert [h for h in names if h in labels] == names
+    assert labels.count("untouched") == 5 and "h03 (rollback)" in labels
+    fills = [r.get("fill") for r in svg.iter("{http://www.w3.org/2000/svg}rect")]
+    assert rollout_html.STATUS_COLOUR["failed"] in fills
+    assert rollout_html.STATUS_COLOUR["rolled_back"] in fills
+    page = rollout_html.rollout_page(ro)
+    assert "stopped past the failure budget" in page and page.startswith("<!doctype html>")

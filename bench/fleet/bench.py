@@ -122,7 +122,8 @@ def run(args: argparse.Namespace, nums: list[int], names: list[str], inv: Path, 
                           host_env={bad: {"STANDIN_CRASH_AT": "compiling"}})
     code, wall, cpu, text = invoke(inv, state, "deploy", "--hosts", "standin", "--serial",
                                    "25%", "--rollback-failed", "--json",
-                                   str(work / "roll.json"), "--junit", str(work / "roll.xml"))
+                                   str(work / "roll.json"), "--junit", str(work / "roll.xml"),
+                                   "--html", str(REPO / "bench" / "fleet" / "rollout-32.html"))
     ro = json.loads((work / "roll.json").read_text())
     result["rolling"] = {
         "exit": code, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1),

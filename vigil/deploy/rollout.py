@@ -155,6 +155,7 @@ class BatchResult:
     allowed_failures: int = 0
     seconds: float = 0.0
     stopped: bool = False  # past the budget: the rollout ends here
+    offset_s: float = 0.0  # when it started, from the rollout's start
 
     @property
     def failed(self) -> list[str]:
@@ -169,6 +170,8 @@ class Rollout:
     untouched: list[str] = field(default_factory=list)
     rolled_back: list[HostResult] = field(default_factory=list)
     seconds: float = 0.0
+    started_at: float = field(default_factory=time.time)  # epoch, for the picture
+    rollback_offset_s: float = 0.0
 
     @property
     def results(self) -> list[HostResult]:
@@ -229,6 +232,7 @@ def roll(targets: Sequence[Target], batches: list[list[str]], budget: Budget,
         out.batches.append(batch)
         log("rollout", f"batch {i}/{len(batches)}: {', '.join(names)}")
         t0 = time.monotonic()
+        batch.offset_s = round(t0 - started, 2)
         with ThreadPoolExecutor(max_workers=len(names)) as pool:  # the whole batch at once
             batch.results = list(pool.map(lambda n: deploy_one(by_name[n]), names))
         batch.seconds = round(time.monotonic() - t0, 2)
@@ -239,6 +243,7 @@ def roll(targets: Sequence[Target], batches: list[list[str]], budget: Budget,
             log("rollout", f"batch {i}: {len(failed)} failed ({', '.join(failed)}), "
                 f"budget {budget} allows {batch.allowed_failures}: stopping; "
                 f"{len(out.untouched)} host(s) untouched")
+            out.rollback_offset_s = round(time.monotonic() - started, 2)
             if rollback_one is not None:
                 for res in batch.results:
                     if res.status == "failed":
@@ -373,7 +378,7 @@ def rollout_json(ro: Rollout) -> dict[str, Any]:
         "failed": ro.failed,
         "untouched": ro.untouched,
         "batches": [{
-            "index": b.index, "hosts": b.hosts, "seconds": b.seconds,
+            "index": b.index, "hosts": b.hosts, "offset_s": b.offset_s, "seconds": b.seconds,
             "failed": b.failed, "allowed_failures": b.allowed_failures, "stopped": b.stopped,
         } for b in ro.batches],
         "hosts": {r.host: {**asdict(r), "batch": b.index, "phases": _phases(r)}

@@ -47,6 +47,7 @@ from vigil.tasks.common import (
         "before_stop": "command run on this machine before a host's service restarts "
         "(VIGIL_HOST, VIGIL_ADDRESS, VIGIL_PORT in its environment)",
         "after_ready": "command run on this machine once a restarted host is proven ready",
+        "html": "write the rollout's picture (hosts x time, batches, verdicts) to this file",
     },
     iterable=["set_"],
 )
@@ -68,6 +69,7 @@ def deploy(
     junit: str | None = None,
     before_stop: str | None = None,
     after_ready: str | None = None,
+    html: str | None = None,
 ) -> None:
     """Plan, apply, restart only what changed, and wait until the service serves."""
     from vigil.deploy import rollout
@@ -83,7 +85,7 @@ def deploy(
                                   reinstall=reinstall, kill_stale=kill_stale,
                                   watch=watch_settings(c), state_dir=setting(c, "state_dir"),
                                   hooks=Hooks.parse(before_stop, after_ready))
-        if serial or max_fail or rollback_failed or junit:
+        if serial or max_fail or rollback_failed or junit or html:
             ro = rollout.run(targets, opts, log, serial=serial, max_fail=max_fail,
                              rollback_failed=rollback_failed)
             print(rollout.summary(ro))
@@ -91,6 +93,10 @@ def deploy(
                 write_json(json, rollout.rollout_json(ro))
             if junit:
                 rollout.write_junit(junit, ro)
+            if html:
+                from vigil.deploy.rollout_html import write_html
+
+                write_html(html, ro)
             exit_with([ro.exit_code])
             return
         results = deploy_mod.deploy(targets, opts, log)
