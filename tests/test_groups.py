@@ -269,7 +269,7 @@ def test_a_node_that_never_joins_is_a_stall_in_distributed_init_naming_it() -> N
                       NodeView("b", 1, WatchState(), started=False)])
     assert (gs.verdict, gs.phase, gs.node) == ("stalled", "distributed_init", "b")
     assert gs.cause == "stalled_distributed_init"
-    assert gs.proof is not None and "not joined: b (b: unit never started)" in gs.proof
+    assert gs.proof is not None and "not joined: b (b: unit not running)" in gs.proof
 
 
 def test_ready_needs_the_head_ready_and_every_worker_joined() -> None:
@@ -396,5 +396,5 @@ def test_watch_group_a_worker_not_started_is_never_joined() -> None:
                       head_smoke, Budgets(), poll_s=0, sleep=lambda s: None,
                       deadline_s=-1)  # one round
     gs = out.history[-1]
-    assert not out.nodes["b"].started and gs.phases["b"] == "not started"
-    assert "b" in gs.missing and gs.summary.endswith("not started: b")
+    assert not out.nodes["b"].started and gs.phases["b"] == "not running"
+    assert "b" in gs.missing and gs.summary.endswith("not running: b")

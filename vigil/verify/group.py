@@ -43,7 +43,7 @@ class NodeView:
     name: str
     rank: int
     state: WatchState
-    started: bool = True  # False: its unit was never started (inactive, no process)
+    started: bool = True  # False: its unit is not running (inactive, no process)
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def group_state(nodes: Sequence[NodeView]) -> GroupState:
         raise ValueError("a group has nodes")
     ordered = sorted(nodes, key=lambda v: v.rank)
     head = ordered[0]
-    phases = {v.name: (v.state.phase if v.started else "not started") for v in ordered}
+    phases = {v.name: (v.state.phase if v.started else "not running") for v in ordered}
     least = min(ordered, key=lambda v: _rank(v.state.phase) if v.started else -1)
     phase = least.state.phase if least.started else "bootstrap"
     joined = tuple(v.name for v in ordered if has_joined(v))
@@ -118,7 +118,7 @@ def group_state(nodes: Sequence[NodeView]) -> GroupState:
             # the workers join the head: name the missing workers, else the head
             absent = [m for m in missing if m != head.name] or [head.name]
             never = [m for m in absent if not next(x for x in ordered if x.name == m).started]
-            why = f" ({', '.join(never)}: unit never started)" if never else ""
+            why = f" ({', '.join(never)}: unit not running)" if never else ""
             return done(
                 "stalled", next(x for x in ordered if x.name == absent[0]),
                 f"stalled_{JOIN_PHASE}",
@@ -137,7 +137,7 @@ def group_state(nodes: Sequence[NodeView]) -> GroupState:
     else:
         summary = f"{phase} (least advanced: {least.name})"
     if never:
-        summary += f"; not started: {', '.join(never)}"
+        summary += f"; not running: {', '.join(never)}"
     return GroupState(phase, None, None, None, None, None, joined, missing, phases, summary)
 
 
@@ -151,9 +151,11 @@ def group_key(head_key: BudgetKey, layout_label: str) -> BudgetKey:
 
 
 def not_started(snap: Snapshot) -> bool:
+    """The node's unit is not running (never started, or ended before the watch): its
+    journal holds only an earlier run, which is not this start's to judge."""
     u = snap.unit
     return u is not None and u.error is None and u.active_state in ("inactive", "failed") \
-        and not u.main_pid and not snap.journal.lines
+        and not u.main_pid
 
 
 @dataclass
