@@ -659,3 +659,267 @@ def test_a6_redact_hides_url_credentials(url: str, shown: str) -> None:
     from vigil.host import agent
 
     assert agent.redact(url) == shown
+
+
+# -- 13, 16. the deploy lock: rollback takes it; a lost lock stops the deploy -----------------
+
+SERVICE = "attack16"  # its own unit, lock, env root and port: the lab's vllm is untouched
+
+
+def _lab_target(tmp_path: Path, name: str) -> Target:
+    from tests.conftest import target_in
+
+    return target_in(tmp_path / name, (
+        f"hosts:\n  {HOST}: {{address: 127.0.0.1, ssh_port: {lab.host_port(INDEX)}, "
+        f"ssh_key: {lab.key_path()}, known_hosts: {lab.known_hosts_path()}, "
+        f"service: {SERVICE}, port: 8162, env_root: /opt/vigil/{SERVICE}-envs, "
+        "model: tiny-cpu, stack: lab-cpu, connect_timeout_s: 5, lock_timeout_s: 120}\n"
+    ), HOST)
+
+
+# Run on the lab host: SIGKILL the sshd session processes of the connection whose `cat`
+# holds the lock (the waiting deploy's processes run `flock`, not `cat`).
+_KILL_SESSION = r"""
+import os, signal, sys
+lock = sys.argv[1]
+def comm(p):
+    with open("/proc/%d/comm" % p) as fh:
+        return fh.read().strip()
+def ppid(p):
+    with open("/proc/%d/stat" % p) as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[1])
+def holds(p):
+    try:
+        return any(os.readlink("/proc/%d/fd/%s" % (p, fd)) == lock
+                   for fd in os.listdir("/proc/%d/fd" % p))
+    except OSError:
+        return False
+(pid,) = [int(p) for p in os.listdir("/proc") if p.isdigit() and holds(int(p))
+          and comm(int(p)) == "cat"]
+chain = []  # the holder's sshd ancestors below the listener, read before any kill
+while pid > 1:
+    pid = ppid(pid)
+    if comm(pid).startswith("sshd") and ppid(pid) != 1:
+        chain.append(pid)
+for pid in chain:
+    os.kill(pid, signal.SIGKILL)
+print(" ".join(map(str, chain)))
+"""
+
+
+@pytest.mark.lab
+def test_a16_killed_sshd_session_mid_deploy_stops_it_and_the_waiting_deploy_goes_on(
+    lab_hosts: list[lab.HostStatus], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import io
+    import shlex
+    import sys
+    import threading
+
+    from tests.conftest import REPO
+    from vigil.deploy.apply import Options, deploy_host
+    from vigil.deploy.hooks import Hooks
+    from vigil.report import Log
+
+    lock = f"/var/lib/vigil/{SERVICE}.lock"
+    first, second = _lab_target(tmp_path, "a"), _lab_target(tmp_path, "b")
+    killed = tmp_path / "killed"
+    # The first deploy's drain hook (run mid-deploy: after facts and plan, before the
+    # first change) starts the second deploy, waits until it queues for the lock, then
+    # kills the first deploy's sshd session on the host.
+    hook = tmp_path / "hook.py"
+    hook.write_text(
+        "import sys, time\n"
+        f"sys.path.insert(0, {str(REPO)!r})\n"
+        "from lab import hosts as lab\n"
+        "from pathlib import Path\n"
+        f"waiting = Path({str(tmp_path / 'waiting')!r})\n"
+        "while not waiting.exists():\n"
+        "    time.sleep(0.1)\n"
+        f"code, out, err = lab.run({INDEX}, 'python3 -c ' + {shlex.quote(_KILL_SESSION)!r}"
+        f" + ' {lock}')\n"
+        f"Path({str(killed)!r}).write_text(out + err)\n"
+        "sys.exit(code)\n")
+    second_log = io.StringIO()
+    results = {}
+
+    def second_deploy() -> None:
+        results["second"] = deploy_host(second, Options(check=True), Log(second_log))
+
+    class Starter(io.StringIO):
+        # starts the second deploy once the first holds the lock, notes when it waits
+        def write(self, text: str) -> int:
+            if "hook before_stop" in text and "second" not in results:
+                threading.Thread(target=second_deploy, daemon=True).start()
+            return super().write(text)
+
+    def mark_waiting() -> None:
+        for _ in range(600):
+            if "waiting up to" in second_log.getvalue():
+                (tmp_path / "waiting").write_text("")
+                return
+            time.sleep(0.1)
+
+    threading.Thread(target=mark_waiting, daemon=True).start()
+    first_log = Starter()
+    opts = Options(restart=True, hooks=Hooks(before_stop=(sys.executable, str(hook))))
+    result = deploy_host(first, opts, Log(first_log))
+    assert killed.read_text().split(), killed.read_text()  # at least one sshd process
+    assert result.status == "failed", first_log.getvalue()
+    assert result.error is not None and "lost the deploy lock" in result.error
+    assert "another deploy may act on this host now" in result.error
+    for _ in range(600):
+        if "second" in results:
+            break
+        time.sleep(0.1)
+    assert results["second"].status in ("ok", "changed"), second_log.getvalue()
+    assert "waiting up to 120 s for the deploy lock held by" in second_log.getvalue()
+    # the first deploy changed nothing after it lost the lock
+    code, _, _ = lab.run(INDEX, f"test -e /etc/systemd/system/{SERVICE}.service || "
+                         f"test -e /opt/vigil/{SERVICE}-envs")
+    assert code != 0
+
+
+@pytest.mark.lab
+def test_a13_rollback_waits_for_the_deploy_lock(
+    lab_hosts: list[lab.HostStatus], tmp_path: Path
+) -> None:
+    from vigil.deploy.service import rollback
+    from vigil.errors import LockTimeoutError
+    from vigil.transport.ssh import connect, deploy_lock
+    from vigil.verify.watch import Settings
+
+    t = _lab_target(tmp_path, "a")
+    hv = t.vars.model_copy(update={"lock_timeout_s": 1.0})
+    said: list[str] = []
+    with connect(HOST, hv) as holder, deploy_lock(holder, hv, said.append), \
+            connect(HOST, hv) as other, \
+            pytest.raises(LockTimeoutError, match=r"still held after 1 s"):
+        rollback(other, hv, wait=False, settings=Settings(), state_dir=tmp_path,
+                 log=lambda host, message: said.append(message))
+    assert any("waiting up to 1 s for the deploy lock" in m for m in said)
+
+
+# -- 15 (continued). files the controller writes, its mirror, its threads ---------------------
+
+
+def test_a15_render_out_onto_a_file_or_through_a_planted_link_is_refused(
+    tmp_path: Path
+) -> None:
+    from tests.conftest import target_in
+    from vigil.desired.review import write_files
+
+    t = target_in(tmp_path / "inv", "hosts:\n  h1: {model: tiny-cpu, stack: lab-cpu}\n", "h1")
+    a_file = tmp_path / "a-file"
+    a_file.write_text("keep me")
+    with pytest.raises(ConfigError, match="cannot write"):
+        write_files(t, a_file / "h1")
+    assert a_file.read_text() == "keep me"
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "vllm.env").symlink_to(victim)
+    with pytest.raises(ConfigError, match="is a symbolic link"):
+        write_files(t, out)
+    assert victim.read_text() == "precious"
+    linked_dir = tmp_path / "linked"
+    linked_dir.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (tmp_path / "elsewhere").mkdir()
+    with pytest.raises(ConfigError, match="is a symbolic link"):
+        write_files(t, linked_dir)
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+    # a plain re-render over its own earlier output works, the env file 0600
+    fresh = tmp_path / "fresh"
+    write_files(t, fresh)
+    write_files(t, fresh)
+    assert (fresh / "vllm.env").stat().st_mode & 0o777 == 0o600
+
+
+def test_a15_corrupt_rows_in_the_history_mirror_are_skipped(tmp_path: Path) -> None:
+    import sqlite3
+
+    from vigil.verify.history import Mirror
+
+    mirror = Mirror(tmp_path / "history.sqlite")
+    with sqlite3.connect(mirror.path) as db:
+        for i, record in enumerate(["{not json", "[1, 2]", '{"key": 5}', "[" * 100000]):
+            db.execute("INSERT INTO records VALUES (?,?,?,?,?,?,?,?)",
+                       (f"bad{i}", "h1", "m", "hw", "cold", float(i), "ready", record))
+    assert mirror.records() == []
+    assert mirror.skipped == 4
+
+
+def test_a15_a_file_that_is_not_a_database_is_one_clear_error(tmp_path: Path) -> None:
+    from vigil.verify.history import Mirror
+
+    path = tmp_path / "history.sqlite"
+    path.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(ConfigError, match="history mirror"):
+        Mirror(path).records()
+
+
+def test_a15_a_worker_that_raises_a_bug_fails_its_host(tmp_path: Path) -> None:
+    import io
+
+    from tests.conftest import target_in
+    from vigil.deploy import apply as apply_mod
+    from vigil.report import Log
+
+    t = target_in(tmp_path, "hosts:\n  h1: {connection: local, model: tiny-cpu, "
+                  "stack: lab-cpu}\n", "h1")
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise TypeError("a bug")
+
+    out = io.StringIO()
+    mp = pytest.MonkeyPatch()
+    mp.setattr(apply_mod, "connect", broken)
+    try:
+        (result,) = apply_mod.deploy([t, t], apply_mod.Options(), Log(out))[:1]
+    finally:
+        mp.undo()
+    assert result.status == "failed"
+    assert result.error is not None and "internal error at test_attacks.py" in result.error
+    assert "TypeError: a bug" in result.error and "FAILED" in out.getvalue()
+
+
+def test_a15_parallel_raises_a_workers_bug_after_all_finished() -> None:
+    from vigil.errors import InternalError
+    from vigil.tasks.common import parallel
+
+    done: list[str] = []
+
+    def work(name: str) -> None:
+        if name == "h2":
+            raise KeyError("oops")
+        time.sleep(0.2)
+        done.append(name)
+
+    with pytest.raises(InternalError, match=r"h2: internal error .*KeyError"):
+        parallel(["h1", "h2", "h3"], work)
+    assert sorted(done) == ["h1", "h3"]
+
+
+# -- 16 (local). the lock's guard: a lost lock stops every next command -------------------------
+
+
+def test_a16_a_lost_lock_stops_the_next_command(tmp_path: Path) -> None:
+    from vigil.errors import LockLostError
+    from vigil.transport.ssh import LocalTransport, host_lock
+
+    t = LocalTransport("here")
+    hv = HostVars(connection="local")
+    lock = str(tmp_path / "svc.lock")
+    with host_lock(t, hv, lock, "me", 5, print):
+        assert t.run("true").exit_status == 0
+        # the holder dies (its connection ended): the lock is free for anyone
+        holder = subprocess.run(["fuser", lock], capture_output=True, text=True).stdout.split()
+        assert holder
+        for pid in holder:
+            subprocess.run(["kill", "-9", pid], check=True)
+        time.sleep(0.5)
+        with pytest.raises(LockLostError, match="lost the deploy lock"):
+            t.run("touch " + str(tmp_path / "changed"))
+    assert not (tmp_path / "changed").exists()
+    assert t.run("true").exit_status == 0  # outside the lock: no guard

@@ -89,5 +89,23 @@ class LockTimeoutError(HostError):
     """Another deploy holds the host's lock and did not release it in time."""
 
 
+class InternalError(HostError):
+    """A bug in vigil met while working on one host: that host fails, the others go on."""
+
+    @classmethod
+    def of(cls, host: str, exc: BaseException) -> InternalError:
+        import traceback
+        from pathlib import Path
+
+        frames = traceback.extract_tb(exc.__traceback__)
+        where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+        return cls(host, f"internal error{where}: {type(exc).__name__}: {exc}",
+                   fix="this is a bug in vigil; please report it with this message")
+
+
+class LockLostError(HostError):
+    """The deploy lock went with its connection while the deploy still needed it."""
+
+
 class ServeError(HostError):
     """The service did not come up serving after the change."""

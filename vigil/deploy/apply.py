@@ -22,7 +22,13 @@ from vigil.deploy.preflight import check_host, stale_gpu_processes
 from vigil.deploy.runtime import import_remedy, verify_install
 from vigil.desired.render import paths_for
 from vigil.desired.targets import Target
-from vigil.errors import HostError, PermissionDeniedError, ServeError, VigilError
+from vigil.errors import (
+    HostError,
+    InternalError,
+    PermissionDeniedError,
+    ServeError,
+    VigilError,
+)
 from vigil.report import HostResult, Log
 from vigil.transport.remote import call
 from vigil.transport.ssh import Transport, connect, host_lock, lock_owner
@@ -200,10 +206,11 @@ def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
                     result.status = "changed" if plan.changes else "ok"
             finally:
                 result.round_trips = transport.round_trips
-    except VigilError as exc:
-        result.error = str(exc)
-        result.exit_code = int(exc.exit_code)
-        say(f"FAILED: {exc}")
+    except Exception as exc:  # a bug must fail this host, not vanish with its thread
+        err = exc if isinstance(exc, VigilError) else InternalError.of(t.name, exc)
+        result.error = str(err)
+        result.exit_code = int(err.exit_code)
+        say(f"FAILED: {err}")
     finally:
         result.seconds = round(time.monotonic() - started, 2)
     return result

@@ -13,6 +13,7 @@ last item repeats until every host is in a batch (``1,25%`` = a canary, then qua
 
 from __future__ import annotations
 
+import contextlib
 import math
 import shlex
 import time
@@ -27,11 +28,11 @@ from vigil.deploy.apply import Options, deploy_host
 from vigil.deploy.hooks import Hooks
 from vigil.desired.render import CACHE_ROOT, service_paths
 from vigil.desired.targets import Target
-from vigil.errors import ConfigError, HostError, VigilError
+from vigil.errors import ConfigError, HostError, InternalError, VigilError
 from vigil.exitcodes import ExitCode
 from vigil.report import HostResult, Log
 from vigil.transport.remote import call
-from vigil.transport.ssh import Transport, connect, privileged
+from vigil.transport.ssh import Transport, connect, deploy_lock, privileged
 from vigil.verify.report import Reporter, outcome_json
 from vigil.verify.watch import ProbeTarget, watch_service
 from vigil.verify.watch import Settings as WatchSettings
@@ -292,10 +293,13 @@ def rollback_host(t: Target, settings: WatchSettings, state_dir: Path, log: Log,
     def say(message: str) -> None:
         log(t.name, message)
 
+    locked = contextlib.ExitStack()
     transport: Transport | None = None
     try:
         transport = connect(t.name, hv)
         paths = service_paths(hv)
+        # under the deploy lock, like deploy (released in `finally` below)
+        locked.enter_context(deploy_lock(transport, hv, say))
         reply = call(transport, hv, "rollback", {"unit": hv.service, "paths": paths},
                      timeout=600)
         if not reply["ok"]:
@@ -327,10 +331,12 @@ def rollback_host(t: Target, settings: WatchSettings, state_dir: Path, log: Log,
             hooks.run("after_ready", t, say)
         result.status = "rolled_back"
         say("previous release serving again")
-    except VigilError as exc:
-        result.error = str(exc)
-        say(f"ROLLBACK FAILED: {exc}")
+    except Exception as exc:  # a bug fails this host, not the rollout
+        err = exc if isinstance(exc, VigilError) else InternalError.of(t.name, exc)
+        result.error = str(err)
+        say(f"ROLLBACK FAILED: {err}")
     finally:
+        locked.close()
         if transport is not None:
             transport.close()
     result.seconds = round(time.monotonic() - started, 2)

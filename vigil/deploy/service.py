@@ -16,9 +16,9 @@ from typing import Any, Generic, TypeVar
 from vigil.desired.config import HostVars
 from vigil.desired.inventory import Inventory
 from vigil.desired.render import CACHE_ROOT, service_paths
-from vigil.errors import HostError, VigilError
+from vigil.errors import HostError, InternalError, VigilError
 from vigil.transport.remote import call
-from vigil.transport.ssh import Transport, connect, privileged
+from vigil.transport.ssh import Transport, connect, deploy_lock, privileged
 from vigil.verify import watch
 from vigil.verify.report import Reporter
 
@@ -47,6 +47,8 @@ def on_hosts(inv: Inventory, hosts: str,
                 return HostRun(name, value=work(name, hv, transport))
         except VigilError as exc:
             return HostRun(name, error=exc)
+        except Exception as exc:  # a bug fails this host, not the whole run
+            return HostRun(name, error=InternalError.of(name, exc))
 
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(chosen)))) as pool:
         return list(pool.map(one, chosen))
@@ -143,17 +145,19 @@ def rollback(transport: Transport, hv: HostVars, *, wait: bool, settings: watch.
     """Swap the kept release back in, restart, and (with `wait`) watch it start with the
     verify watcher until it is proven ready; its main PID."""
     name = transport.name
-    reply = call(transport, hv, "rollback", {"unit": hv.service, "paths": service_paths(hv)},
-                 timeout=600)
-    if not reply["ok"]:
-        raise HostError(name, f"rollback failed: {reply['error']}")
-    log(name, f"restored {', '.join(reply['restored'])}; restarted")
-    if not wait:
-        return None
-    served = status(transport, hv).served_name or ""
-    out = watch.watch_service(name, transport, probe_target(hv, served), settings, state_dir,
-                              privileged_fn=lambda cmd: privileged(cmd, hv),
-                              on_poll=Reporter(live=False, emit=log).poll)
+    # under the deploy lock, like deploy: a rollback never swaps files under a deploy
+    with deploy_lock(transport, hv, lambda message: log(name, message)):
+        reply = call(transport, hv, "rollback",
+                     {"unit": hv.service, "paths": service_paths(hv)}, timeout=600)
+        if not reply["ok"]:
+            raise HostError(name, f"rollback failed: {reply['error']}")
+        log(name, f"restored {', '.join(reply['restored'])}; restarted")
+        if not wait:
+            return None
+        served = status(transport, hv).served_name or ""
+        out = watch.watch_service(name, transport, probe_target(hv, served), settings,
+                                  state_dir, privileged_fn=lambda cmd: privileged(cmd, hv),
+                                  on_poll=Reporter(live=False, emit=log).poll)
     if out.error is not None:
         raise VigilError(out.error)
     st = out.state

@@ -3,29 +3,49 @@ came from (role defaults < group_vars/all < group < host < --set). Secrets maske
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 
 from vigil.desired.render import MASK, is_secret
 from vigil.desired.targets import Target
+from vigil.errors import ConfigError
 
 
 def write_files(t: Target, out: Path) -> list[str]:
     """The unit, the env file (masked, 0600) and each user role's files under out/<role>/."""
-    out.mkdir(parents=True, exist_ok=True)
     unit = out / Path(t.rendered.paths.unit).name
     env = out / Path(t.rendered.paths.env).name
-    unit.write_text(t.rendered.unit_text)
-    env.write_text(t.rendered.env_masked)
-    env.chmod(0o600)
+    _write(out, unit, t.rendered.unit_text, 0o644)
+    _write(out, env, t.rendered.env_masked, 0o600)
     written = [str(unit), f"{env}  (secrets masked)"]
     for role in t.roles:
         for f in role.files:
             path = out / role.name / f.dest.lstrip("/")
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(f.content)
+            _write(out, path, f.content, 0o644)
             written.append(f"{path}  (-> {f.dest}, mode {f.mode}, owner {f.owner})")
     return written
+
+
+def _write(out: Path, path: Path, text: str, mode: int) -> None:
+    """Write under `out` without following a symlink planted on the way (a link there
+    could send the file anywhere the user may write) and with `mode` from the start."""
+    try:
+        for d in (out / p for p in [Path(), *reversed(path.relative_to(out).parents[:-1])]):
+            if d.is_symlink():
+                raise ConfigError("is a symbolic link; vigil does not write through one",
+                                  file=str(d), fix="remove the link or pick another --out")
+            d.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+        with os.fdopen(fd, "w") as fh:
+            os.fchmod(fh.fileno(), mode)
+            fh.write(text)
+    except OSError as exc:
+        why = "is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
+        raise ConfigError(f"cannot write: {why}", file=str(exc.filename or path),
+                          fix="pick an --out directory you may write, with no file or "
+                          "link in the way") from None
 
 
 def _shown(key: str, value: object, secrets: frozenset[str]) -> str:

@@ -14,7 +14,7 @@ from invoke.context import Context
 from invoke.exceptions import Exit
 
 from vigil.desired import inventory
-from vigil.errors import ConfigError, VigilError
+from vigil.errors import ConfigError, InternalError, VigilError
 from vigil.exitcodes import ExitCode
 from vigil.verify.watch import Settings
 
@@ -82,9 +82,22 @@ def user_errors() -> Iterator[None]:
 
 
 def parallel(items: Iterable[T], work: Callable[[T], None]) -> None:
-    """Run `work` on every item in its own thread and wait for all of them."""
-    threads = [threading.Thread(target=work, args=(item,)) for item in items]
+    """Run `work` on every item in its own thread and wait for all of them. An exception
+    that escapes `work` (a bug) is raised here once all are done, not lost with its
+    thread."""
+    crashed: list[VigilError] = []
+
+    def guarded(item: T) -> None:
+        try:
+            work(item)
+        except Exception as exc:
+            crashed.append(exc if isinstance(exc, VigilError)
+                           else InternalError.of(str(item), exc))
+
+    threads = [threading.Thread(target=guarded, args=(item,)) for item in items]
     for th in threads:
         th.start()
     for th in threads:
         th.join()
+    if crashed:
+        raise crashed[0]

@@ -14,9 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import getpass
 import logging
+import os
 import select
 import shlex
+import socket
 import subprocess
 import sys
 import threading
@@ -29,7 +32,14 @@ from typing import Any, Protocol, Self, cast
 import paramiko
 
 from vigil.desired.config import HostVars
-from vigil.errors import HostError, LockTimeoutError, PermissionDeniedError, UnreachableError
+from vigil.desired.render import lock_path
+from vigil.errors import (
+    HostError,
+    LockLostError,
+    LockTimeoutError,
+    PermissionDeniedError,
+    UnreachableError,
+)
 
 # paramiko logs a failed handshake with a traceback on stderr; vigil reports it as one
 # clear error instead.
@@ -79,6 +89,10 @@ class Held(Protocol):
 
     def readline(self, timeout: float) -> str | None: ...
 
+    def alive(self) -> bool:
+        """Whether the command still runs (for the lock: whether it is still held)."""
+        ...
+
     def release(self) -> None: ...
 
 
@@ -103,6 +117,9 @@ class _LocalHeld:
             return None
         return self.proc.stdout.readline()
 
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
     def release(self) -> None:
         if self.proc.stdin:
             self.proc.stdin.close()
@@ -116,8 +133,11 @@ class LocalTransport(Closing):
     def __init__(self, name: str) -> None:
         self.name = name
         self.round_trips = 0
+        self.guards: list[Callable[[], None]] = []  # see host_lock
 
     def run(self, command: str, *, stdin: str = "", timeout: float | None = None) -> Result:
+        for guard in self.guards:
+            guard()
         self.round_trips += 1
         try:
             proc = subprocess.run(
@@ -160,6 +180,11 @@ class _SSHHeld:
                 select.select([self.channel], [], [], min(remaining, 0.2))
         line, _, self.buffer = self.buffer.partition(b"\n")
         return line.decode(errors="replace") + "\n" if line or self.buffer else ""
+
+    def alive(self) -> bool:
+        transport = self.channel.get_transport()
+        return (not self.channel.closed and not self.channel.exit_status_ready()
+                and transport is not None and transport.is_active())
 
     def release(self) -> None:
         with contextlib.suppress(Exception):
@@ -279,6 +304,9 @@ class SSHTransport(Closing):
         self.name = name
         self.host = host
         self.round_trips = 0
+        # Checks run before every command (host_lock adds one): a lost lock stops the
+        # host here instead of a silent reconnect carrying on without it.
+        self.guards: list[Callable[[], None]] = []
         connect_kwargs: dict[str, object] = {"banner_timeout": host.connect_timeout_s,
                                              "auth_timeout": host.connect_timeout_s}
         if host.ssh_key:
@@ -422,6 +450,8 @@ class SSHTransport(Closing):
         return channel
 
     def run(self, command: str, *, stdin: str = "", timeout: float | None = None) -> Result:
+        for guard in self.guards:
+            guard()
         self.round_trips += 1
         channel = self._channel(command)
         if stdin:
@@ -447,6 +477,14 @@ class SSHTransport(Closing):
                 select.select([channel], [], [], 0.05)
         status = channel.recv_exit_status()
         channel.close()
+        if status == -1 and not self._transport().is_active():
+            # the connection ended under the command (sshd killed, network gone)
+            for guard in self.guards:
+                guard()
+            raise UnreachableError(
+                self.name, f"connection to {self._where()} lost while a command ran; it "
+                "may have run in part", fix="check the host and the network, then run again",
+            )
         return Result(out.decode(errors="replace"), err.decode(errors="replace"), status)
 
     def hold(self, command: str) -> _SSHHeld:
@@ -491,7 +529,11 @@ def host_lock(
     """Hold the host's flock while the block runs; released when the channel closes.
 
     The lock lives in a process on the host that keeps it only while our connection
-    does, so a deploy that dies (killed, network gone) cannot leave a stale lock.
+    does, so a deploy that dies (killed, network gone) cannot leave a stale lock. The
+    other side of that: when the connection drops mid-deploy the lock is gone, and
+    another deploy may start. So while the block runs, every command on this transport
+    first checks the lock's channel is alive, and a lost lock stops the host with
+    LockLostError; nothing more is done there.
     """
     script = (
         f"LOCK={shlex.quote(path)} WAIT={int(timeout)} OWNER={shlex.quote(owner)} "
@@ -522,6 +564,38 @@ def host_lock(
                     transport.name, f"deploy lock {path} still held after {timeout:.0f} s",
                     fix="wait for the other deploy to finish, or raise lock_timeout_s",
                 )
-        yield
+
+        def guard() -> None:
+            if not held.alive():
+                raise LockLostError(
+                    transport.name,
+                    f"lost the deploy lock {path}: the connection holding it ended "
+                    "(sshd session killed or network gone); another deploy may act on "
+                    "this host now, so this one stopped before its next step",
+                    fix="check the host and the network; then deploy again (it plans "
+                    "from the host's facts, so it completes a half-done change)",
+                )
+
+        guards: list[Callable[[], None]] | None = getattr(transport, "guards", None)
+        if guards is not None:
+            guards.append(guard)
+        try:
+            yield
+        finally:
+            if guards is not None:
+                guards.remove(guard)
     finally:
         held.release()
+
+
+def lock_owner() -> str:
+    """Who holds a lock, as a waiting deploy is told."""
+    since = time.strftime("%H:%M:%S")
+    return f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()} since {since}"
+
+
+def deploy_lock(transport: Transport, host: HostVars,
+                on_wait: Callable[[str], None]) -> contextlib.AbstractContextManager[None]:
+    """The service's deploy lock, as deploy and rollback take it."""
+    return host_lock(transport, host, lock_path(host), lock_owner(), host.lock_timeout_s,
+                     on_wait)

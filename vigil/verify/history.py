@@ -113,7 +113,7 @@ def parse_lines(text: str) -> tuple[list[HistoryRecord], int]:
             continue
         try:
             out.append(record_from_dict(json.loads(line)))
-        except ValueError:
+        except (ValueError, RecursionError):
             bad += 1
     return out, bad
 
@@ -126,6 +126,7 @@ class Mirror:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        self.skipped = 0  # corrupt rows left out of records()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with closing(self._db()) as db, db:
@@ -141,10 +142,15 @@ class Mirror:
         """Insert records not seen yet; returns how many were new."""
         rows = [(record_id(r), r.host, r.key.model, r.key.hardware, r.key.cache, r.started_at,
                  r.verdict, json.dumps(r.to_dict(), sort_keys=True)) for r in records]
-        with closing(self._db()) as db, db:
-            before = db.total_changes
-            db.executemany("INSERT OR IGNORE INTO records VALUES (?,?,?,?,?,?,?,?)", rows)
-            return db.total_changes - before
+        try:
+            with closing(self._db()) as db, db:
+                before = db.total_changes
+                db.executemany("INSERT OR IGNORE INTO records VALUES (?,?,?,?,?,?,?,?)", rows)
+                return db.total_changes - before
+        except sqlite3.Error as exc:
+            raise ConfigError(f"cannot write the history mirror: {exc}", file=str(self.path),
+                              fix="move the file aside; `invoke history` rebuilds it from "
+                              "the hosts") from None
 
     def records(self, *, model: str | None = None,
                 hosts: Iterable[str] | None = None) -> list[HistoryRecord]:
@@ -161,8 +167,19 @@ class Mirror:
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY started_at"
-        with closing(self._db()) as db:
-            return [record_from_dict(json.loads(row[0])) for row in db.execute(sql, args)]
+        out: list[HistoryRecord] = []
+        try:
+            with closing(self._db()) as db:
+                for row in db.execute(sql, args):
+                    try:
+                        out.append(record_from_dict(json.loads(row[0])))
+                    except (ValueError, TypeError, RecursionError):
+                        self.skipped += 1  # a corrupt row costs itself, not the history
+        except sqlite3.Error as exc:
+            raise ConfigError(f"cannot read the history mirror: {exc}", file=str(self.path),
+                              fix="move the file aside; `invoke history` rebuilds it from "
+                              "the hosts") from None
+        return out
 
 
 # -- the host's copy ----------------------------------------------------------------
