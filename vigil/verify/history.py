@@ -108,7 +108,7 @@ def parse_lines(text: str) -> tuple[list[HistoryRecord], int]:
     that lost power mid-append) must not cost the rest of the history."""
     out: list[HistoryRecord] = []
     bad = 0
-    for line in text.splitlines():
+    for line in text.split("\n"):  # JSONL lines end at \n only (not at U+0085 inside one)
         if not line.strip():
             continue
         try:

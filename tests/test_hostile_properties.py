@@ -1,0 +1,292 @@
+"""Property tests (hypothesis) for what hostile input reaches: the quoting of unit words,
+environment files and shell commands; the log, journal and history parsers; the inventory
+loader; the masking of secrets (issue 8).
+
+The quoting properties parse vigil's output back with reference parsers written from
+systemd's and bash's rules (and, for the shell, with bash itself): every value survives
+as exactly one word, and no value can become a specifier, a variable or a second word.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from vigil.desired import inventory
+from vigil.desired.config import NAME, HostVars
+from vigil.desired.render import env_quote, redact_env_text, systemd_quote
+from vigil.errors import ConfigError
+from vigil.transport.ssh import privileged
+from vigil.verify import history, replay
+
+# What the models let through to a unit or an env file: no C0/C1 control characters,
+# no U+2028/U+2029 (vigil.desired.config._SAFE_TEXT).
+SAFE = st.text(st.characters(blacklist_categories=("Cs",),
+                             blacklist_characters=[chr(c) for c in range(0x20)]
+                             + [chr(c) for c in range(0x7f, 0xa0)] + ["\u2028", "\u2029"]))
+# What a shell word can hold: anything but NUL.
+SHELL = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"))
+FAST = settings(max_examples=300, deadline=None)
+
+# -- systemd's ExecStart: specifiers, then quoted words with C escapes, then $ ------------------
+
+_WS = " \t\n\r"
+
+
+def _specifiers(line: str) -> str:
+    out, i = [], 0
+    while i < len(line):
+        if line[i] == "%":
+            assert line[i + 1:i + 2] == "%", f"a specifier %{line[i + 1:i + 2]} in {line!r}"
+            out.append("%")
+            i += 2
+        else:
+            out.append(line[i])
+            i += 1
+    return "".join(out)
+
+
+def _dollars(word: str) -> str:
+    out, i = [], 0
+    while i < len(word):
+        if word[i] == "$":
+            assert word[i + 1:i + 2] == "$", f"a variable ${word[i + 1:i + 5]} in {word!r}"
+            out.append("$")
+            i += 2
+        else:
+            out.append(word[i])
+            i += 1
+    return "".join(out)
+
+
+def systemd_words(line: str) -> list[str]:
+    """ExecStart= as systemd reads it (unit_full_printf, extract_first_word with
+    EXTRACT_UNQUOTE|EXTRACT_CUNESCAPE, then replace_env_argv); fails on anything vigil
+    must never produce (a specifier, a variable, an unquoted word, another escape)."""
+    text = _specifiers(line)
+    words, i = [], 0
+    while i < len(text):
+        if text[i] in _WS:
+            i += 1
+            continue
+        assert text[i] == '"', f"an unquoted word at {text[i:i + 20]!r}"
+        i += 1
+        word: list[str] = []
+        while text[i] != '"':
+            if text[i] == "\\":
+                assert text[i + 1] in '\\"', f"escape \\{text[i + 1]}"
+                word.append(text[i + 1])
+                i += 2
+            else:
+                word.append(text[i])
+                i += 1
+        i += 1
+        assert i == len(text) or text[i] in _WS, "text right after a closing quote"
+        words.append(_dollars("".join(word)))
+    return words
+
+
+@FAST
+@given(st.lists(SAFE, min_size=1, max_size=6))
+def test_exec_start_words_come_back_exactly(words: list[str]) -> None:
+    line = " ".join(systemd_quote(w) for w in words)
+    assert "\n" not in line
+    assert systemd_words(line) == words
+
+
+@FAST
+@given(SAFE)
+def test_an_option_value_never_becomes_an_option(value: str) -> None:
+    # vllm_argv writes --flag=value as one word: a value like "x --trust-remote-code"
+    # stays inside it
+    assert systemd_words(systemd_quote(f"--served-model-name={value}")) == [
+        f"--served-model-name={value}"]
+
+
+# -- EnvironmentFile= values ------------------------------------------------------------------
+
+
+def env_file_value(raw: str) -> str:
+    """One value as systemd's EnvironmentFile parser reads it (parse_env_file_internal):
+    '...' literal; "..." with \\ before one of "\\`$ taken literally."""
+    if raw.startswith("'"):
+        assert raw.endswith("'") and len(raw) >= 2 and "'" not in raw[1:-1]
+        return raw[1:-1]
+    assert raw.startswith('"') and raw.endswith('"') and len(raw) >= 2
+    out, i, body = [], 0, raw[1:-1]
+    while i < len(body):
+        c = body[i]
+        if c == "\\":
+            nxt = body[i + 1]
+            out.append(nxt if nxt in '"\\`$' else "\\" + nxt)
+            i += 2
+        else:
+            assert c != '"', "an unescaped quote ends the value early"
+            out.append(c)
+            i += 1
+    return "".join(out)
+
+
+@FAST
+@given(SAFE)
+def test_env_file_values_come_back_exactly(value: str) -> None:
+    quoted = env_quote(value)
+    assert "\n" not in quoted
+    assert env_file_value(quoted) == value
+
+
+# -- shell quoting ------------------------------------------------------------------------------
+
+
+SUDO = HostVars.model_validate({"ssh_user": "deploy", "sudo": True})
+
+
+@FAST
+@given(SHELL)
+def test_privileged_keeps_the_command_one_word(command: str) -> None:
+    assert shlex.split(privileged(command, SUDO)) == ["sudo", "-n", "--", "bash", "-c",
+                                                      command]
+
+
+@settings(max_examples=60, deadline=None)
+@given(SHELL)
+def test_bash_reads_a_quoted_word_back_exactly(value: str) -> None:
+    # the way host_lock passes LOCK/OWNER: VAR=<quoted> bash -c '...'
+    script = f'OWNER={shlex.quote(value)} bash -c \'printf %s "$OWNER"\''
+    out = subprocess.run(["bash", "-c", script], capture_output=True, timeout=30).stdout
+    assert out == value.encode("utf-8", "surrogateescape")
+
+
+# -- secrets in shown env files -----------------------------------------------------------------
+
+
+@FAST
+@given(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n"),
+               min_size=8),
+       st.sampled_from(["HF_TOKEN", "DB_PASS", "X", "export WANDB_KEY"]))
+def test_a_value_not_rendered_in_the_open_never_shows(secret: str, name: str) -> None:
+    public_line = "VLLM_LOGGING_LEVEL='INFO'"
+    assume(secret not in public_line and secret not in name)
+    host_text = f"# comment\n{public_line}\n{name}={secret}\nraw {secret} line\n"
+    shown = redact_env_text(host_text, frozenset({"VLLM_LOGGING_LEVEL"}),
+                            frozenset({"# comment"}), b"k")
+    assert secret not in shown
+    assert public_line in shown and "# comment" in shown
+
+
+# -- log, journal and history parsers ---------------------------------------------------------
+
+
+@FAST
+@given(st.text())
+def test_a_log_line_splits_without_error(raw: str) -> None:
+    t, text = replay.split_log_line(raw)
+    assert t is None or (math.isfinite(t) and t >= 0)
+    assert raw.endswith(text)
+
+
+@FAST
+@given(st.lists(st.text(st.characters(blacklist_categories=("Cs",),
+                                      blacklist_characters="\n")), max_size=30))
+def test_every_log_line_lands_in_a_snapshot_in_order(lines: list[str]) -> None:
+    stamped = [f"INFO 11-29 10:{i // 60:02d}:{i % 60:02d} [x.py:1] {line}"
+               if i % 3 else line for i, line in enumerate(lines)]
+    snaps = list(replay.snapshots_from_log(stamped))
+    kept = [line for line in stamped if line.strip()]
+    assert sum(len(s.journal.lines) for s in snaps) == len(kept)
+    times = [s.time for s in snaps if s.time]
+    assert times == sorted(times)
+
+
+JSONISH = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                max_size=4),
+    max_leaves=10,
+)
+
+
+@FAST
+@given(st.lists(st.fixed_dictionaries({}, optional={
+    "MESSAGE": JSONISH | st.lists(st.integers(-5, 300), max_size=8),
+    "__REALTIME_TIMESTAMP": JSONISH | st.integers(0, 10**18).map(str),
+}), max_size=8))
+def test_journal_records_parse_or_give_one_clear_error(records: list[dict[str, Any]]) -> None:
+    try:
+        snaps = list(replay.snapshots_from_journal_json(records))
+    except ConfigError:
+        return
+    assert all(s.time >= 0 for s in snaps)
+
+
+@FAST
+@given(st.lists(JSONISH.map(json.dumps) | st.text(), max_size=10))
+def test_history_lines_never_raise(lines: list[str]) -> None:
+    text = "\n".join(lines)
+    records, bad = history.parse_lines(text)
+    assert len(records) + bad == len([line for line in text.split("\n") if line.strip()])
+
+
+# -- the inventory loader -------------------------------------------------------------------
+
+
+KEYS = st.sampled_from([*sorted(HostVars.model_fields), "host_key_check", "nonsense"])
+YAML_VALUE = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | SHELL,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(SAFE, inner, max_size=3),
+    max_leaves=8,
+)
+HOSTS_FILE = st.fixed_dictionaries({
+    "hosts": st.dictionaries(st.text(min_size=1, max_size=12) | st.integers(),
+                             st.none() | st.dictionaries(KEYS, YAML_VALUE, max_size=4),
+                             max_size=3),
+}, optional={"groups": st.dictionaries(st.text(min_size=1, max_size=8), st.fixed_dictionaries(
+    {}, optional={"hosts": st.lists(st.text(max_size=8), max_size=3),
+                  "vars": st.dictionaries(KEYS, YAML_VALUE, max_size=3)}), max_size=2)})
+
+
+def _load_all(hosts_yml: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "hosts.yml").write_text(hosts_yml)
+        try:
+            inv = inventory.load(root)
+            for name in inv.hosts:
+                hv = inv.host_vars(name)
+                assert NAME.match(name)
+                for key in ("known_hosts", "ssh_key"):
+                    value = getattr(hv, key)
+                    assert value is None or isinstance(value, str)
+        except ConfigError:
+            pass
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(HOSTS_FILE)
+def test_any_hosts_file_loads_or_gives_one_clear_error(data: dict[str, Any]) -> None:
+    _load_all(yaml.safe_dump(data, allow_unicode=True))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text())
+def test_any_text_as_hosts_yml_loads_or_gives_one_clear_error(text: str) -> None:
+    _load_all(text)
+
+
+@FAST
+@given(st.from_regex(NAME, fullmatch=True) | st.text(min_size=1))
+def test_a_valid_name_never_leaves_its_directory(name: str) -> None:
+    root = Path("/inventory/models")
+    if NAME.match(name):
+        assert (root / f"{name}.yml").resolve().parent == root
+        assert (root / name).resolve().parent == root  # as a directory name too
+        assert len(name) <= 100 and "\x00" not in name
