@@ -398,3 +398,12 @@ def test_watch_group_a_worker_not_started_is_never_joined() -> None:
     gs = out.history[-1]
     assert not out.nodes["b"].started and gs.phases["b"] == "not running"
     assert "b" in gs.missing and gs.summary.endswith("not running: b")
+
+
+def test_a_node_is_never_deployed_or_verified_alone() -> None:
+    from vigil.desired.targets import resolve
+
+    with pytest.raises(ConfigError) as exc:
+        resolve(inventory.load(GOLDEN / "inventory"), "gpu-b", operator_env=ENV)
+    assert "host gpu-b is a node of node group glm-native" in str(exc.value)
+    assert "invoke group.deploy --name glm-native" in str(exc.value)

@@ -84,7 +84,15 @@ def resolve(
     host_flags, profile_flags = parse_sets(sets, inv.role_keys())
     env = os.environ if operator_env is None else operator_env
     targets = []
+    from vigil.desired.groups import group_of  # groups builds on this module
+
     for name in inv.select(pattern):
+        node_of = group_of(inv, name) if fits else None
+        if node_of is not None:
+            raise ConfigError(
+                f"host {name} is a node of node group {node_of}: its units, start and "
+                "verdict belong to the group", file=f"node_groups/{node_of}.yml",
+                fix=f"invoke group.deploy --name {node_of} (or group.verify, group.render)")
         resolved = inv.resolve(name, host_flags)
         hv = resolved.vars
         for flag, value, key in (("--model", model, "model"), ("--stack", stack, "stack")):
