@@ -61,10 +61,84 @@ def noop(inv: Path, state: Path, names: list[str], runs: int, out: Path) -> dict
             "round_trips_per_host": sorted(set(trips))}
 
 
+PLAYBOOK = """\
+- hosts: standin
+  gather_facts: false
+  tasks:
+    - ansible.builtin.copy:
+        src: "files/{{ inventory_hostname }}.service"
+        dest: /etc/systemd/system/vllm-standin.service
+        mode: "0644"
+      notify: restart
+    - ansible.builtin.copy:
+        src: "files/{{ inventory_hostname }}.env"
+        dest: /etc/vigil/vllm-standin.env
+        mode: "0600"
+      notify: restart
+    - ansible.builtin.systemd_service:
+        name: vllm-standin
+        state: started
+        enabled: true
+  handlers:
+    - name: restart
+      ansible.builtin.systemd_service:
+        name: vllm-standin
+        state: restarted
+        daemon_reload: true
+"""
+
+
+def ansible_setup(playbook_bin: str, inv: Path, work: Path, nums: list[int]) -> Path:
+    """The same unit and env file vigil renders, as an Ansible project (bench only)."""
+    from vigil.desired import inventory, targets
+
+    d = work / "ansible"
+    (d / "files").mkdir(parents=True, exist_ok=True)
+    for t in targets.resolve(inventory.load(inv), "standin"):
+        (d / "files" / f"{t.name}.service").write_text(t.rendered.unit_text)
+        (d / "files" / f"{t.name}.env").write_text(t.rendered.env_text)
+    lines = ["[standin]"] + [
+        f"{hosts.host_name(i)} ansible_host=127.0.0.1 ansible_port={hosts.host_port(i)}"
+        for i in nums]
+    lines += ["[all:vars]", "ansible_user=root",
+              f"ansible_ssh_private_key_file={hosts.key_path()}",
+              f"ansible_ssh_common_args='-o UserKnownHostsFile={hosts.known_hosts_path()}'",
+              "ansible_python_interpreter=/usr/bin/python3",
+              "ansible_remote_tmp=/tmp/.ansible-tmp"]  # /root is read-only on lab hosts
+    (d / "hosts.ini").write_text("\n".join(lines) + "\n")
+    (d / "ansible.cfg").write_text(
+        f"[defaults]\nforks = {len(nums)}\nhost_key_checking = True\n"
+        "[ssh_connection]\npipelining = True\n")
+    (d / "site.yml").write_text(PLAYBOOK)
+    return d
+
+
+def ansible_noop(playbook_bin: str, d: Path, names: list[str], runs: int, *,
+                 check: bool = True) -> dict[str, Any]:
+    env = {**os.environ, "ANSIBLE_CONFIG": str(d / "ansible.cfg")}
+    walls, cpus = [], []
+    for _ in range(runs):
+        cpu0, t0 = children_cpu(), time.monotonic()
+        done = subprocess.run([playbook_bin, "-i", "hosts.ini", "site.yml", "--limit",
+                               ",".join(names)], cwd=d, env=env, capture_output=True,
+                              text=True, timeout=600)
+        walls.append(time.monotonic() - t0)
+        cpus.append(children_cpu() - cpu0)
+        recap = [ln for ln in done.stdout.splitlines() if "changed=" in ln]
+        if check and (done.returncode != 0 or any("changed=0" not in ln for ln in recap)):
+            raise SystemExit(f"ansible no-op was not a no-op:\n{done.stdout[-3000:]}")
+    return {"hosts": len(names), "runs": runs,
+            "wall_median_s": round(statistics.median(walls), 2),
+            "wall_min_s": round(min(walls), 2), "wall_max_s": round(max(walls), 2),
+            "cpu_median_s": round(statistics.median(cpus), 2)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hosts", type=int, default=32)
     ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--ansible", help="ansible-playbook of a bench-only environment: "
+                    "compare the no-op runs with it")
     ap.add_argument("--speed", type=float, default=0.05,
                     help="stand-in time scale of the recorded start (0.05: ~4.5 s)")
     args = ap.parse_args()
@@ -102,6 +176,20 @@ def run(args: argparse.Namespace, nums: list[int], names: list[str], inv: Path, 
                       for n in sorted({1, min(8, len(names)), len(names)})]
     for row in result["noop"]:
         print("no-op", row, flush=True)
+    if args.ansible:
+        d = ansible_setup(args.ansible, inv, work, nums)
+        version = subprocess.run([args.ansible, "--version"], capture_output=True, text=True)
+        result["ansible_version"] = version.stdout.splitlines()[0]
+        # one run first: Ansible's ControlPersist keeps SSH masters for 60 s; both warm
+        ansible_noop(args.ansible, d, names, 1, check=False)
+        try:
+            result["ansible_noop"] = [ansible_noop(args.ansible, d, names[:n], args.runs)
+                                      for n in sorted({1, min(8, len(names)), len(names)})]
+        except SystemExit as exc:  # keep vigil's numbers; say what Ansible did
+            result["ansible_error"] = str(exc)[-2000:]
+        for row in result.get("ansible_noop", []):
+            print("ansible no-op", row, flush=True)
+    save(result)
 
     # verify of every host starting at once: controller CPU per host per poll
     code, wall, cpu, text = invoke(inv, state, "deploy", "--hosts", "standin", "--restart",
@@ -115,6 +203,7 @@ def run(args: argparse.Namespace, nums: list[int], names: list[str], inv: Path, 
                         "cpu_per_host_poll_ms": round(1000 * cpu / max(1, polls), 1),
                         "cores_while_watching": round(cpu / wall, 2)}
     print("verify", result["verify"], flush=True)
+    save(result)
 
     # rolling release b in quarters; one host of the third batch crashes while compiling
     bad = nums[len(nums) // 2 + 1]
@@ -134,8 +223,12 @@ def run(args: argparse.Namespace, nums: list[int], names: list[str], inv: Path, 
         "summary_tail": text.strip().splitlines()[-1],
     }
     print("rolling", result["rolling"], flush=True)
-    (REPO / "bench" / "fleet" / "last.json").write_text(json.dumps(result, indent=2) + "\n")
+    save(result)
     print(json.dumps(result, indent=2))
+
+
+def save(result: dict[str, Any]) -> None:
+    (REPO / "bench" / "fleet" / "last.json").write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":
