@@ -15,13 +15,12 @@ import sys
 import threading
 import time
 import urllib.request
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from lab import hosts
+from lab import hosts, wheels
 from tests.lab_fixtures import lab_hosts  # noqa: F401  (pytest fixture)
 from vigil.desired import inventory
 from vigil.tasks.runtime import drift
@@ -32,7 +31,6 @@ REPO = Path(__file__).resolve().parent.parent
 INVOKE = str(Path(sys.executable).parent / "invoke")
 PORT = {"lab3": 8003, "lab4": 8004}
 INDEX = {"lab3": 3, "lab4": 4}
-UV_VERSION = "0.13.9"
 CURRENT = "/opt/vigil/envs/current"
 
 
@@ -92,29 +90,13 @@ def serving(host: str) -> None:
     assert res.returncode == 0 and health(host) == 200, res.stdout + res.stderr
 
 
-def install_uv(tmp: Path) -> None:
-    """A uv binary in lab3's /opt/vigil/bin (the host's /usr is the machine's, read-only)."""
-    target = hosts.lab_dir() / "hosts" / "lab3" / "opt-vigil" / "bin" / "uv"
-    if target.exists():
-        return
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(tmp),
-                    f"uv=={UV_VERSION}"], check=True)
-    (whl,) = tmp.glob("uv-*.whl")
-    with zipfile.ZipFile(whl) as zf:
-        member = next(n for n in zf.namelist() if n.endswith("/scripts/uv"))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with zf.open(member) as src, open(target, "wb") as dst:
-            shutil.copyfileobj(src, dst)
-    target.chmod(0o755)
-
-
 @pytest.fixture(scope="module")
-def ours(lab_hosts: list[hosts.HostStatus],  # noqa: F811
-         tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+def ours(lab_hosts: list[hosts.HostStatus]) -> Iterator[list[str]]:  # noqa: F811
     running = {h.name for h in hosts.status() if h.running}
     if not {"lab3", "lab4"} <= running:
         hosts.up(4)  # running hosts stay as they are
-    install_uv(tmp_path_factory.mktemp("uv"))
+    # uv on lab3's /opt/vigil/bin (the host's /usr is the machine's, read-only)
+    wheels.install_uv(INDEX["lab3"])
     yield ["lab3", "lab4"]
     for host in ("lab3", "lab4"):  # 2 cores: leave no vLLM running behind
         hosts.run(INDEX[host], "systemctl stop vllm", timeout=120)
