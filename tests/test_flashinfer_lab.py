@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from lab import hosts, wheels
+from vigil.verify import replay
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
 
@@ -108,9 +109,11 @@ def inv(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
               "\"$d.install.log\" \"$d.constraints.txt\"; done; true", timeout=300)
 
 
-def invoke(inv: Path, *args: str, timeout: float = 1500) -> subprocess.CompletedProcess[str]:
+def invoke(inv: Path, *args: str, timeout: float = 1500,
+           env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     res = subprocess.run([INVOKE, *args], cwd=REPO, capture_output=True, text=True,
-                         timeout=timeout, env={**os.environ, "INVOKE_VIGIL_INVENTORY": str(inv)})
+                         timeout=timeout, env={**os.environ, "INVOKE_VIGIL_INVENTORY": str(inv),
+                                               **(env or {})})
     print(f"$ invoke {' '.join(args)}  -> {res.returncode}\n{res.stdout}{res.stderr}")
     return res
 
@@ -161,10 +164,11 @@ def test_hand_made_drift_is_reported_with_the_fix(inv: Path) -> None:
 
 
 def test_a_start_that_imports_the_drifted_pair_crashes_with_cause_and_remedy(
-        inv: Path) -> None:
+        inv: Path, tmp_path: Path) -> None:
     start = sh("systemctl restart vllm && systemctl show vllm -p InvocationID --value")
     try:
-        res = invoke(inv, "verify", "--hosts", HOST, "--poll", "2")
+        res = invoke(inv, "verify", "--hosts", HOST, "--poll", "2",
+                     env={"INVOKE_VIGIL_STATE_DIR": str(tmp_path)})
     finally:
         # the API server outlives its dead engine (SIGTERM would wait TimeoutStopSec)
         sh("systemctl kill -s SIGKILL vllm; systemctl stop vllm; systemctl reset-failed vllm")
@@ -175,6 +179,12 @@ def test_a_start_that_imports_the_drifted_pair_crashes_with_cause_and_remedy(
     assert "pip install flashinfer-cubin==0.6.4" in out  # the remedy
     # the real message, as the worker raised it, in the service's journal
     assert MISMATCH in journal(start)
+    # within one poll: the verdict came at the first poll whose new lines held it
+    (trace,) = (tmp_path / "traces").glob(f"{HOST}-*.jsonl")
+    snaps = replay.load(trace)[1]
+    first = next(i for i, snap in enumerate(snaps)
+                 if any(MISMATCH in line.text for line in snap.journal.lines))
+    assert first == len(snaps) - 1
 
 
 def test_deploy_repairs_beside_and_switches_after_the_import_check(inv: Path) -> None:
