@@ -295,3 +295,13 @@ def test_agent_writes_a_role_file_with_mode_and_owner_and_reads_it_back(
     bad = {**write.wire(), "owner": "no-such-user-here"}
     (res,) = agent.apply({"paths": {}, "actions": [bad]})["results"]
     assert res["ok"] is False and "no user or group no-such-user-here" in res["error"]
+
+
+def test_render_of_a_host_with_only_user_roles_writes_only_their_files(
+        inv_dir: Path, tmp_path: Path) -> None:
+    inv = inventory.load(inv_dir)
+    (t,) = resolve(inv, "llm-one", model="glm-5", sets=["roles=[health-log]"],
+                   operator_env=ENV, require_secrets=False)
+    written = review.write_files(t, tmp_path / "out")
+    assert len(written) == 3 and not (tmp_path / "out" / "vllm.service").exists()
+    assert all("/health-log/" in w for w in written)

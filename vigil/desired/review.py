@@ -14,12 +14,15 @@ from vigil.errors import ConfigError
 
 
 def write_files(t: Target, out: Path) -> list[str]:
-    """The unit, the env file (masked, 0600) and each user role's files under out/<role>/."""
-    unit = out / Path(t.rendered.paths.unit).name
-    env = out / Path(t.rendered.paths.env).name
-    _write(out, unit, t.rendered.unit_text, 0o644)
-    _write(out, env, t.rendered.env_masked, 0o600)
-    written = [str(unit), f"{env}  (secrets masked)"]
+    """The unit, the env file (masked, 0600) and each user role's files under out/<role>/;
+    a host that does not take the service role gets only its roles' files."""
+    written: list[str] = []
+    if t.takes("service"):
+        unit = out / Path(t.rendered.paths.unit).name
+        env = out / Path(t.rendered.paths.env).name
+        _write(out, unit, t.rendered.unit_text, 0o644)
+        _write(out, env, t.rendered.env_masked, 0o600)
+        written += [str(unit), f"{env}  (secrets masked)"]
     for role in t.roles:
         for f in role.files:
             path = out / role.name / f.dest.lstrip("/")
