@@ -128,6 +128,16 @@ def test_a_missing_secret_names_itself_and_the_fix() -> None:
                               "or remove it from secret_env")
 
 
+def test_every_missing_secret_is_named_and_review_renders_them_empty() -> None:
+    host = _host(secret_env=["HF_TOKEN", "WANDB_API_KEY"])
+    with pytest.raises(ConfigError, match="needs HF_TOKEN, WANDB_API_KEY, not set"):
+        _render(host, _profile())
+    st = inventory.load(REPO_INV).stack("lab-cpu")
+    review = render("h", host, _profile(), st, {}, require_secrets=False)
+    assert review.env["HF_TOKEN"] == "" and review.env["WANDB_API_KEY"] == ""
+    assert "HF_TOKEN=''" in review.env_text
+
+
 def test_a_control_character_in_a_value_is_refused_naming_it() -> None:
     with pytest.raises(ConfigError, match=r"^TOK: value of TOK contains a control character$"):
         _render(_host(secret_env=["TOK"]), _profile(), {"TOK": "a\x1bb"})
