@@ -445,8 +445,18 @@ class SSHTransport(Closing):
         return cast(paramiko.Transport, transport)
 
     def _channel(self, command: str) -> paramiko.Channel:
-        channel = self._connect().open_session()
-        channel.exec_command(command)
+        transport = self._connect()
+        try:
+            channel = transport.open_session()
+            channel.exec_command(command)
+        except (paramiko.SSHException, EOFError, OSError):
+            # the connection died just now (its reader thread has marked it inactive)
+            for guard in self.guards:
+                guard()
+            raise UnreachableError(
+                self.name, f"connection to {self._where()} lost before a command could run",
+                fix="check the host and the network, then run again",
+            ) from None
         return channel
 
     def run(self, command: str, *, stdin: str = "", timeout: float | None = None) -> Result:
