@@ -78,8 +78,12 @@ def group(lab_hosts: list[lab.HostStatus], tmp_path_factory: pytest.TempPathFact
 
 
 def _stop_all() -> None:
-    for i in (HEAD, WORKER):
-        lab.run(i, f"systemctl stop {UNIT}; systemctl reset-failed {UNIT}")
+    """Workers first, then the head; and wait until the ranks' processes are gone: a unit
+    started again while the last run's processes still exit fails with 219/CGROUP."""
+    for i in (WORKER, HEAD):
+        lab.run(i, f"systemctl stop {UNIT}; for n in $(seq 60); do "
+                f"pgrep -f -- '--port=819{i}' >/dev/null || break; sleep 1; done; "
+                f"systemctl reset-failed {UNIT}")
 
 
 @pytest.fixture(scope="module", autouse=True)
