@@ -12,6 +12,7 @@ from vigil.deploy import apply as deploy_mod
 from vigil.deploy import service
 from vigil.desired import review
 from vigil.desired import targets as targets_mod
+from vigil.exitcodes import ExitCode
 from vigil.report import Log, results_json, summary_table, write_json
 from vigil.tasks.common import (
     HOSTS_HELP,
@@ -103,7 +104,8 @@ def deploy(
         print(summary_table(results))
         if json:
             write_json(json, results_json(results))
-    exit_with([r.exit_code for r in results])
+    exit_with([r.exit_code or (ExitCode.FAILED if r.status == "failed" else 0)
+               for r in results])
 
 
 @task(
