@@ -9,6 +9,7 @@ change regenerate and review the diff:
 
 from __future__ import annotations
 
+import io
 import os
 import shlex
 import shutil
@@ -24,7 +25,7 @@ from vigil.desired.groups import CPU_LAUNCHER, NodeGroup, resolve_group
 from vigil.errors import ConfigError, RefusedError
 from vigil.verify.budgets import BudgetKey, Budgets
 from vigil.verify.group import GroupState, NodeView, group_key, group_state, watch_group
-from vigil.verify.reducer import Fatal, PhaseSpan, WatchState
+from vigil.verify.reducer import Fatal, PhaseSpan, WatchState, initial, step
 from vigil.verify.snapshot import Smoke, Snapshot, Unit
 
 REPO = Path(__file__).resolve().parent.parent
@@ -380,9 +381,17 @@ def test_watch_group_over_real_traces_crash_names_the_node() -> None:
     head_probe, head_smoke = _replaying("lab-cold-ready.jsonl")
     worker_probe, _ = _replaying("lab-kill9-crashed.jsonl")
     seen: list[GroupState] = []
+    traces = {"a": io.StringIO(), "b": io.StringIO()}
     out = watch_group({"a": head_probe, "b": worker_probe}, {"a": 0, "b": 1}, head_smoke,
-                      Budgets(), poll_s=0, sleep=lambda s: None, on_poll=seen.append)
+                      Budgets(), poll_s=0, sleep=lambda s: None, on_poll=seen.append,
+                      traces=traces)
     final = out.history[-1]
+    # each node's trace holds what its reducer folded: replayed, the same verdict
+    b_state = initial()
+    for line in traces["b"].getvalue().splitlines():
+        b_state = step(b_state, Snapshot.from_json(line), Budgets())
+    assert b_state.verdict == "crashed" and b_state.proof == out.nodes["b"].state.proof
+    assert b_state.polls == out.nodes["b"].state.polls
     assert (final.verdict, final.node) == ("crashed", "b")
     assert final.proof is not None and final.proof.startswith("b: ")
     assert out.nodes["b"].state.verdict == "crashed"

@@ -21,7 +21,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 
 from vigil.transport.ssh import connect, privileged
 from vigil.verify import history
@@ -29,7 +29,7 @@ from vigil.verify.budgets import BudgetKey, Budgets, HistoryRecord, phase_defaul
 from vigil.verify.reducer import PHASES, TERMINAL, WatchState, initial, phase_durations, step
 from vigil.verify.smoke import served_name
 from vigil.verify.snapshot import Smoke, Snapshot
-from vigil.verify.watch import POLL_S, Poller, ProbeTarget, Settings, with_stall
+from vigil.verify.watch import POLL_S, Poller, ProbeTarget, Settings, trace_path, with_stall
 
 if TYPE_CHECKING:
     from vigil.desired.config import HostVars
@@ -177,6 +177,7 @@ def watch_group(
     sleep: Callable[[float], None] = time.sleep,
     on_poll: Callable[[GroupState], None] | None = None,
     deadline_s: float | None = None,
+    traces: Mapping[str, IO[str]] | None = None,
 ) -> GroupWatch:
     """Poll every node once per round, fold its snapshot through its own reducer, and
     stop at the group's terminal verdict. The smoke goes to the head only, once its
@@ -200,6 +201,9 @@ def watch_group(
                 snap = snap.model_copy(update={"smoke": run_smoke()})
             if st.verdict not in TERMINAL:
                 st = step(st, snap, budgets)
+                if traces is not None and name in traces:  # the node's own replayable trace
+                    traces[name].write(snap.to_json() + "\n")
+                    traces[name].flush()
             views[name] = NodeView(name, ranks[name], st, started=True)
             if snap.journal.cursor:
                 cursors[name] = snap.journal.cursor
@@ -262,9 +266,12 @@ def verify_group(
                                 defaults=phase_defaults(head.vars.phase_budget_s,
                                                         head.vars.stall_window_s))
             budgets = with_stall(plan.budgets, settings.stall_s)
+        traces = None
+        if state_dir is not None:
+            traces = {n: stack.enter_context(_open(trace_path(state_dir, n))) for n in probes}
         out = watch_group(probes, {n.name: n.rank for n in group.nodes}, head_poller.smoke,
                           budgets, poll_s=settings.poll_s or POLL_S, on_poll=on_poll,
-                          deadline_s=deadline_s)
+                          deadline_s=deadline_s, traces=traces)
         final = out.history[-1]
         st = out.nodes[head.name].state
         if mirror is not None and key is not None and final.verdict is not None \
@@ -284,3 +291,8 @@ def verify_group(
 
 def _privileged(command: str, host: HostVars) -> str:
     return privileged(command, host)
+
+
+def _open(path: Path) -> IO[str]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path.open("w", encoding="utf-8")
