@@ -416,3 +416,14 @@ def test_a_node_is_never_deployed_or_verified_alone() -> None:
         resolve(inventory.load(GOLDEN / "inventory"), "gpu-b", operator_env=ENV)
     assert "host gpu-b is a node of node group glm-native" in str(exc.value)
     assert "invoke group.deploy --name glm-native" in str(exc.value)
+
+
+def test_deploying_a_ray_group_is_refused_before_any_host() -> None:
+    from vigil.deploy.apply import Options
+    from vigil.deploy.group import deploy_group
+    from vigil.report import Log
+
+    g = resolve_group(inventory.load(GOLDEN / "inventory"), "glm-ray", operator_env=ENV)
+    with pytest.raises(ConfigError) as exc:
+        deploy_group(g, Options(), Log(io.StringIO()))
+    assert "backend ray is not supported yet" in str(exc.value)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from vigil.deploy.apply import Options, deploy_host
 from vigil.desired.groups import NodeGroup
-from vigil.errors import VigilError
+from vigil.errors import ConfigError, VigilError
 from vigil.report import HostResult, Log
 
 
@@ -99,6 +99,13 @@ def deploy_group(group: NodeGroup, opts: Options, log: Log,
     """Check every node, plan the group, apply node by node in order, each without its
     own wait (the group is verified as one: vigil.verify.group). ``rollback(node)`` puts a
     node's previous release back; with it a failure rolls every changed node back."""
+    if group.spec.backend == "ray":
+        # its Ray units are rendered and checked, not yet planned into the release
+        raise ConfigError(
+            f"node group {group.spec.name}: deploying backend ray is not supported yet",
+            file=group.file, key="backend",
+            fix=f"invoke group.render --name {group.spec.name} shows its units; use "
+            "backend: native to deploy")
     started = time.monotonic()
     targets = {n.name: n.target for n in group.nodes}
     checks = {name: deploy_host(t, replace(opts, check=True, wait=False), log)
