@@ -1,9 +1,13 @@
-"""The host side of deploy: stdlib-only, run as ``python3 -c SOURCE VERB`` over SSH.
+"""vigil's host side: stdlib-only, run as ``python3 -c SOURCE VERB`` over SSH.
 
-It reads one JSON request on stdin and prints one JSON reply on stdout. Secrets travel
-on stdin only, never on a command line (which any user could read in /proc). One call
-is one SSH round trip: ``facts`` reads everything a plan needs, ``apply`` runs a whole
-plan (one applier per action kind, ``APPLIERS``), ``rollback`` restores the last release.
+Every verb reads one JSON request on stdin and prints one JSON reply on stdout. Secrets
+travel on stdin only, never on a command line (which any user could read in /proc). One
+call is one SSH round trip: ``facts`` reads everything a plan needs, ``apply`` runs a
+whole plan (one applier per action kind, ``APPLIERS``), ``rollback`` restores the last
+release, ``status``/``packages``/``role_facts`` read, ``probe`` is one poll of a starting
+service (run on the service environment's python, where NVML is importable), ``smoke``
+one real completion, ``history`` the host's start records, ``logs`` the journal. The
+verbs share one set of helpers (systemctl show, HTTP, process tree, nvidia-smi).
 Python 3.8+ on purpose: it runs on the host's own python3.
 """
 
@@ -443,7 +447,7 @@ def port_owners(port: int) -> Json:
 
 def gpu_facts(python: str) -> Json:
     """Raw GPU readings: NVML through the environment's python (nvidia-ml-py lives there),
-    else nvidia-smi's CSV; parsed on the controller (vigil/gpus.py)."""
+    else nvidia-smi's CSV; parsed on the controller (vigil/deploy/gpus.py)."""
     out: Json = {"nvml": None, "nvml_error": None, "smi_gpus": None, "smi_apps": None}
     if os.path.exists(python):
         try:
