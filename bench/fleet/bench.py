@@ -133,12 +133,31 @@ def ansible_noop(playbook_bin: str, d: Path, names: list[str], runs: int, *,
             "cpu_median_s": round(statistics.median(cpus), 2)}
 
 
+def watch_starts(inv: Path, state: Path, work: Path, result: dict[str, Any]) -> None:
+    # verify of every host starting at once: controller CPU per host per poll
+    code, _, _, text = invoke(inv, state, "deploy", "--hosts", "standin", "--restart",
+                              "--no-wait")
+    if code != 0:
+        raise SystemExit(f"restart failed (exit {code}):\n{text[-3000:]}")
+    code, wall, cpu, _ = invoke(inv, state, "verify", "--hosts", "standin", "--json",
+                                   str(work / "verify.json"))
+    ver = json.loads((work / "verify.json").read_text())["hosts"]
+    polls = sum(h["polls"] for h in ver.values())
+    result["verify"] = {"exit": code, "wall_s": round(wall, 1), "cpu_s": round(cpu, 2),
+                        "polls": polls, "verdicts": sorted({h["verdict"] for h in ver.values()}),
+                        "cpu_per_host_poll_ms": round(1000 * cpu / max(1, polls), 1),
+                        "cores_while_watching": round(cpu / wall, 2)}
+    print("verify", result["verify"], flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hosts", type=int, default=32)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--ansible", help="ansible-playbook of a bench-only environment: "
                     "compare the no-op runs with it")
+    ap.add_argument("--only-verify", action="store_true",
+                    help="only the verify part (use a slower --speed: more polls per start)")
     ap.add_argument("--speed", type=float, default=0.05,
                     help="stand-in time scale of the recorded start (0.05: ~4.5 s)")
     args = ap.parse_args()
@@ -172,6 +191,12 @@ def run(args: argparse.Namespace, nums: list[int], names: list[str], inv: Path, 
     result["first_deploy"] = {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}
     print("first deploy", result["first_deploy"], flush=True)
 
+    if args.only_verify:
+        watch_starts(inv, state, work, result)
+        (REPO / "bench" / "fleet" / "last-verify.json").write_text(
+            json.dumps(result, indent=2) + "\n")
+        print(json.dumps(result, indent=2))
+        return
     result["noop"] = [noop(inv, state, names[:n], args.runs, work / f"noop{n}.json")
                       for n in sorted({1, min(8, len(names)), len(names)})]
     for row in result["noop"]:
@@ -191,18 +216,7 @@ def run(args: argparse.Namespace, nums: list[int], names: list[str], inv: Path, 
             print("ansible no-op", row, flush=True)
     save(result)
 
-    # verify of every host starting at once: controller CPU per host per poll
-    code, wall, cpu, text = invoke(inv, state, "deploy", "--hosts", "standin", "--restart",
-                                   "--no-wait")
-    code, wall, cpu, text = invoke(inv, state, "verify", "--hosts", "standin", "--json",
-                                   str(work / "verify.json"))
-    ver = json.loads((work / "verify.json").read_text())["hosts"]
-    polls = sum(h["polls"] for h in ver.values())
-    result["verify"] = {"exit": code, "wall_s": round(wall, 1), "cpu_s": round(cpu, 2),
-                        "polls": polls, "verdicts": sorted({h["verdict"] for h in ver.values()}),
-                        "cpu_per_host_poll_ms": round(1000 * cpu / max(1, polls), 1),
-                        "cores_while_watching": round(cpu / wall, 2)}
-    print("verify", result["verify"], flush=True)
+    watch_starts(inv, state, work, result)
     save(result)
 
     # rolling release b in quarters; one host of the third batch crashes while compiling
