@@ -90,6 +90,8 @@ def _stop_all() -> None:
 def stopped_afterwards() -> object:
     yield None
     _stop_all()  # two idle vLLM ranks would take the lab's CPU from the next test
+    for i in (HEAD, WORKER):  # nor start again when the lab host boots
+        lab.run(i, f"systemctl disable {UNIT}")
 
 
 def test_group_serves_a_completion_through_the_head(group: NodeGroup, tmp_path: Path,
