@@ -923,3 +923,27 @@ def test_a16_a_lost_lock_stops_the_next_command(tmp_path: Path) -> None:
             t.run("touch " + str(tmp_path / "changed"))
     assert not (tmp_path / "changed").exists()
     assert t.run("true").exit_status == 0  # outside the lock: no guard
+
+
+def test_a15_max_model_len_is_bounded_by_the_other_keys_of_config_json(tmp_path: Path) -> None:
+    # GPT-2 style config.json: no max_position_embeddings, n_positions instead
+    import json
+
+    from tests.test_plan import facts_for, target
+    from vigil.deploy.preflight import problems
+    from vigil.host import agent
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"n_positions": 1024, "seq_length": 2048,
+                                                   "num_attention_heads": 64}))
+    found = agent.model_facts(str(model))
+    assert found["config"]["max_len_keys"] == {"n_positions": 1024, "seq_length": 2048}
+    t = target("max_model_len=4096")
+    f = facts_for(t, model=found)
+    refused = [str(p) for p in problems("llm-one", t.profile, t.rendered, f)]
+    assert any("max_model_len 4096 is above the model's n_positions 1024" in p
+               for p in refused), refused
+    ok = target("max_model_len=1024")
+    assert not any("n_positions" in str(p) for p in problems(
+        "llm-one", ok.profile, ok.rendered, facts_for(ok, model=found)))

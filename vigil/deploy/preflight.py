@@ -92,6 +92,17 @@ def problems(
             f"max_position_embeddings {limit} ({profile.path}/config.json)",
             fix=f"set max_model_len to {limit} or less",
         ))
+    elif not isinstance(limit, int):
+        # no max_position_embeddings: the other keys vLLM reads bound it (n_positions, ...)
+        keys = config.get("max_len_keys") or {}
+        if isinstance(keys, dict) and keys:
+            key, bound = min(keys.items(), key=lambda kv: kv[1])
+            if isinstance(bound, int) and profile.max_model_len > bound:
+                out.append(RefusedError(
+                    f"{host_name}: max_model_len {profile.max_model_len} is above the "
+                    f"model's {key} {bound} ({profile.path}/config.json)",
+                    fix=f"set max_model_len to {bound} or less",
+                ))
     heads = config.get("num_attention_heads")
     if isinstance(heads, int) and heads % profile.tensor_parallel_size:
         out.append(RefusedError(

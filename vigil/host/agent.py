@@ -245,6 +245,10 @@ def installed_packages(env_dir: str) -> Tuple[Optional[Dict[str, str]], Optional
     return json.loads(proc.stdout), None
 
 
+MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length",
+                "model_max_length", "max_sequence_length", "max_seq_length", "seq_len")
+
+
 def model_facts(path: str) -> Json:
     if not path.startswith("/"):
         return {"kind": "hub-id"}
@@ -260,7 +264,11 @@ def model_facts(path: str) -> Json:
                 k: text_cfg.get(k)
                 for k in ("max_position_embeddings", "num_attention_heads", "architectures")
             }
-        except ValueError:
+            # every key vLLM derives the context limit from (its smallest wins)
+            config["max_len_keys"] = dict(
+                (k, text_cfg[k]) for k in MAX_LEN_KEYS
+                if isinstance(text_cfg.get(k), int) and not isinstance(text_cfg[k], bool))
+        except (ValueError, AttributeError):
             config = {"error": "config.json is not valid JSON"}
     return {"kind": "path", "exists": True, "config": config, "weights": weight_files(path),
             "layouts": weight_layouts(path)}
