@@ -23,6 +23,7 @@ from vigil.deploy.group import order, plan_group, rollback_steps
 from vigil.desired import groups, inventory
 from vigil.desired.groups import CPU_LAUNCHER, NodeGroup, resolve_group
 from vigil.errors import ConfigError, RefusedError
+from vigil.verify import replay
 from vigil.verify.budgets import BudgetKey, Budgets
 from vigil.verify.group import GroupState, NodeView, group_key, group_state, watch_group
 from vigil.verify.reducer import Fatal, PhaseSpan, WatchState, initial, step
@@ -427,3 +428,41 @@ def test_deploying_a_ray_group_is_refused_before_any_host() -> None:
     with pytest.raises(ConfigError) as exc:
         deploy_group(g, Options(), Log(io.StringIO()))
     assert "backend ray is not supported yet" in str(exc.value)
+
+
+# -- real journals of a PP=2 group start on the lab (tests/test_group_lab.py, 2026-11-30) --
+
+LOGS = REPO / "tests" / "fixtures" / "group-logs"
+
+
+def _node_state(log: str, until: str | None = None) -> WatchState:
+    """A node's reducer state over its real journal (up to a time, e.g. '13:10:00')."""
+    lines = (LOGS / log).read_text().splitlines()
+    if until is not None:
+        lines = [x for x in lines if x[11:19] < until]
+    return replay.run(replay.snapshots_from_log(lines), log_only=True)
+
+
+def test_real_pp2_journals_make_a_ready_group_with_both_joined() -> None:
+    head = _node_state("lab1-head-pp2-ready.log")
+    worker = _node_state("lab2-worker-pp2-ready.log")
+    assert head.verdict == "ready" and worker.verdict is None  # a worker has no HTTP
+    assert worker.phase not in ("bootstrap", "engine_init", "distributed_init")
+    gs = group_state([NodeView("lab1", 0, head), NodeView("lab2", 1, worker)])
+    assert gs.verdict == "ready" and gs.joined == ("lab1", "lab2")
+
+
+def test_real_pp2_journals_while_the_worker_installs() -> None:
+    # 13:10:00: the head waits in distributed_init; lab2's unit has not started yet
+    head = _node_state("lab1-head-pp2-ready.log", until="13:10:00")
+    assert head.phase == "distributed_init" and head.verdict is None
+    gs = group_state([NodeView("lab1", 0, head), NodeView("lab2", 1, initial(), False)])
+    # the least advanced node has not started: the group is not past bootstrap yet
+    assert gs.verdict is None and gs.phase == "bootstrap"
+    assert gs.summary == ("distributed_init: joined none; missing lab1, lab2; "
+                          "not running: lab2")
+    # 13:11:00: lab2's ranks joined; the group waits on the least advanced node
+    head = _node_state("lab1-head-pp2-ready.log", until="13:11:00")
+    worker = _node_state("lab2-worker-pp2-ready.log", until="13:11:00")
+    gs = group_state([NodeView("lab1", 0, head), NodeView("lab2", 1, worker)])
+    assert gs.verdict is None and gs.joined == ("lab1", "lab2")
