@@ -184,3 +184,11 @@ def write_inventory(dest: Path, numbers: Iterable[int], *, speed: float = 0.05,
               f"    vars: {json.dumps(group_vars)}"]
     (dest / "hosts.yml").write_text("\n".join(lines) + "\n")
     return dest
+
+
+def stop(numbers: Iterable[int]) -> None:
+    """Stop and disable the stand-in on hosts that stay up (ones another session booted),
+    so it does not keep running there after a test or a bench."""
+    for i in numbers:
+        hosts.run(i, f"systemctl disable --now {SERVICE}.service 2>/dev/null || true",
+                  timeout=60)

@@ -39,6 +39,7 @@ def fleet_hosts() -> Iterator[list[int]]:
             if hosts.host_name(i) not in before]
     if ours and not os.environ.get("PYTEST_XDIST_WORKER"):
         hosts.down(ours)
+    fleet.stop(i for i in nums if hosts.host_name(i) in before)
 
 
 def deploy(inv: Path, state: Path, *args: str) -> tuple[int, str]:

@@ -175,6 +175,7 @@ def main() -> None:
                 if hosts.host_name(i) not in before]
         if ours:
             hosts.down(ours)
+        fleet.stop(i for i in nums if hosts.host_name(i) in before)
 
 
 def run(args: argparse.Namespace, nums: list[int], names: list[str], inv: Path, state: Path,
