@@ -81,8 +81,9 @@ def _stop_all() -> None:
     """Workers first, then the head; and wait until the ranks' processes are gone: a unit
     started again while the last run's processes still exit fails with 219/CGROUP."""
     for i in (WORKER, HEAD):
-        lab.run(i, f"systemctl stop {UNIT}; for n in $(seq 60); do "
-                f"pgrep -f -- '--port=819{i}' >/dev/null || break; sleep 1; done; "
+        # [{i}]: the pattern must not match this shell's own command line
+        lab.run(i, f"systemctl stop {UNIT}; for n in $(seq 40); do "
+                f"pgrep -f -- '--port=819[{i}]' >/dev/null || break; sleep 1; done; "
                 f"systemctl reset-failed {UNIT}")
 
 
