@@ -140,3 +140,19 @@ def test_check_shows_the_diff_and_changes_nothing(converged: dict[str, Any], inv
     assert [a.split(":", 1)[0] for a in result["actions"]] == [
         "write_file", "systemctl daemon-reload", "restart"]
     assert host_files(ssh) == before
+
+
+def test_with_the_service_roles_the_role_rides_in_the_same_facts_round_trip(
+        converged: dict[str, Any], inv: Path, ssh: Transport, tmp_path: Path) -> None:
+    """The same host taking the built-in roles too: one facts call carries the role's
+    files and units, so the converged role plans nothing beside the vLLM release."""
+    before = host_files(ssh)
+    proc = invoke(inv, "deploy", "--hosts", HOST, "--check", "--set",
+                  "roles=[preflight,runtime,service,verify,health-log]",
+                  "--json", str(tmp_path / "mixed.json"))
+    result = summary(tmp_path / "mixed.json")
+    assert result["round_trips"] == 2, proc.stdout + proc.stderr  # the lock and the facts
+    done = [a.split(":", 1)[0] for a in result["actions"]]
+    assert not any(d in ("write_file", f"systemctl enable {TIMER}") for d in done), done
+    assert not any(a.startswith("restart: health-log") for a in result["actions"])
+    assert host_files(ssh) == before
