@@ -44,20 +44,31 @@ def invoke(inv: Path, state: Path, *args: str) -> tuple[int, float, float, str]:
     return done.returncode, time.monotonic() - t0, children_cpu() - cpu0, done.stdout + done.stderr
 
 
+def machine_cpu() -> float:
+    """CPU seconds the whole machine spent (every lab host runs on it too)."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    # user nice system irq softirq: not idle, iowait, steal, or guest (counted in user)
+    busy = sum(int(v) for i, v in enumerate(fields) if i in (0, 1, 2, 5, 6))
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
 def noop(inv: Path, state: Path, names: list[str], runs: int, out: Path) -> dict[str, Any]:
-    walls, cpus, trips = [], [], []
+    walls, cpus, trips, machine = [], [], [], []
     for _ in range(runs):
+        m0 = machine_cpu()
         code, wall, cpu, text = invoke(inv, state, "deploy", "--hosts", ",".join(names),
                                        "--json", str(out))
         data = json.loads(out.read_text())["hosts"]
         if code != 0 or any(r["status"] != "ok" for r in data.values()):
             raise SystemExit(f"no-op deploy was not a no-op (exit {code}):\n{text[-3000:]}")
+        machine.append(machine_cpu() - m0)
         walls.append(wall)
         cpus.append(cpu)
         trips += [r["round_trips"] for r in data.values()]
     return {"hosts": len(names), "runs": runs, "wall_median_s": round(statistics.median(walls), 2),
             "wall_min_s": round(min(walls), 2), "wall_max_s": round(max(walls), 2),
             "cpu_median_s": round(statistics.median(cpus), 2),
+            "machine_cpu_median_s": round(statistics.median(machine), 2),
             "round_trips_per_host": sorted(set(trips))}
 
 
@@ -156,6 +167,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--ansible", help="ansible-playbook of a bench-only environment: "
                     "compare the no-op runs with it")
+    ap.add_argument("--only-noop", action="store_true",
+                    help="only the no-op runs, with the whole machine's CPU beside vigil's")
     ap.add_argument("--only-verify", action="store_true",
                     help="only the verify part (use a slower --speed: more polls per start)")
     ap.add_argument("--speed", type=float, default=0.05,
@@ -192,6 +205,13 @@ def run(args: argparse.Namespace, nums: list[int], names: list[str], inv: Path, 
     result["first_deploy"] = {"wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}
     print("first deploy", result["first_deploy"], flush=True)
 
+    if args.only_noop:
+        result["noop"] = [noop(inv, state, names[:n], args.runs, work / f"noop{n}.json")
+                          for n in sorted({1, min(8, len(names)), len(names)})]
+        (REPO / "bench" / "fleet" / "last-noop.json").write_text(
+            json.dumps(result, indent=2) + "\n")
+        print(json.dumps(result, indent=2))
+        return
     if args.only_verify:
         watch_starts(inv, state, work, result)
         (REPO / "bench" / "fleet" / "last-verify.json").write_text(
