@@ -64,15 +64,20 @@ def summary_table(results: list[HostResult]) -> str:
     return "\n".join(lines)
 
 
-def write_json(path: str, payload: Any) -> None:
+def write_text(path: str, text: str) -> None:
+    """Write a report file whole or not at all (a reader never sees half a file)."""
     target = Path(path)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+        tmp.write_text(text, encoding="utf-8")
         tmp.replace(target)
     except OSError as exc:
         raise ConfigError(f"cannot write: {exc.strerror}", file=path) from None
+
+
+def write_json(path: str, payload: Any) -> None:
+    write_text(path, json.dumps(payload, indent=2, default=str) + "\n")
 
 
 def results_json(results: list[HostResult]) -> dict[str, Any]:

@@ -13,9 +13,7 @@ last item repeats until every host is in a batch (``1,25%`` = a canary, then qua
 
 from __future__ import annotations
 
-import contextlib
 import math
-import shlex
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
@@ -24,17 +22,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vigil.deploy import service
 from vigil.deploy.apply import Options, deploy_host
 from vigil.deploy.hooks import Hooks
-from vigil.desired.render import CACHE_ROOT, service_paths
 from vigil.desired.targets import Target
-from vigil.errors import ConfigError, HostError, InternalError, VigilError
+from vigil.errors import ConfigError, InternalError, VigilError
 from vigil.exitcodes import ExitCode
-from vigil.report import HostResult, Log
-from vigil.transport.remote import call
-from vigil.transport.ssh import Transport, connect, deploy_lock, privileged
-from vigil.verify.report import Reporter, outcome_json
-from vigil.verify.watch import ProbeTarget, watch_service
+from vigil.report import HostResult, Log, write_text
+from vigil.transport.ssh import connect
+from vigil.verify.report import outcome_json
 from vigil.verify.watch import Settings as WatchSettings
 
 # -- the plan (pure) -------------------------------------------------------------------
@@ -270,63 +266,25 @@ def _rollback_if_changed(t: Target, failed: HostResult, rollback_one: DeployOne,
     return rollback_one(t)
 
 
-def served_name(exec_start: str) -> str:
-    try:
-        words = shlex.split(exec_start) if exec_start else []
-    except ValueError:  # a unit vigil did not write (unbalanced quotes)
-        return ""
-    for name in ("served-model-name", "model"):
-        value = next((w.split("=", 1)[1] for w in words if w.startswith(f"--{name}=")), None)
-        if value:
-            return value
-    return ""
-
-
 def rollback_host(t: Target, settings: WatchSettings, state_dir: Path, log: Log,
                   hooks: Hooks | None = None) -> HostResult:
     """Put the previous release back (unit, env file, environment link), restart and watch
     it until a real completion, as ``invoke rollback`` does."""
     started = time.monotonic()
     result = HostResult(t.name, "failed", actions=["rollback: previous release"])
-    hv = t.vars
 
     def say(message: str) -> None:
         log(t.name, message)
 
-    locked = contextlib.ExitStack()
-    transport: Transport | None = None
     try:
-        transport = connect(t.name, hv)
-        paths = service_paths(hv)
-        # under the deploy lock, like deploy (released in `finally` below)
-        locked.enter_context(deploy_lock(transport, hv, say))
-        reply = call(transport, hv, "rollback", {"unit": hv.service, "paths": paths},
-                     timeout=600)
-        if not reply["ok"]:
-            raise HostError(t.name, f"rollback failed: {reply['error']}")
-        say(f"rolled back: restored {', '.join(reply['restored'])}; restarted")
+        with connect(t.name, t.vars) as transport:
+            outcome = service.rollback(transport, t.vars, wait=True, settings=settings,
+                                       state_dir=state_dir, log=log)
+        assert outcome is not None
         result.restarted = True
-        st = call(transport, hv, "status", {"unit": hv.service, "port": hv.port,
-                                            "unit_path": paths["unit"]})
-        target = ProbeTarget(
-            unit=hv.service, port=hv.port, user=hv.service_user,
-            cache_dir=f"{CACHE_ROOT}/{hv.service}",
-            python=f"{hv.env_root}/current/bin/python",
-            model=served_name(st["exec_start"]), api_key=dict(hv.env).get("VLLM_API_KEY"))
-        reporter = Reporter(live=False, emit=log)
-        outcome = watch_service(t.name, transport, target, settings, state_dir,
-                                privileged_fn=lambda cmd: privileged(cmd, hv),
-                                on_poll=reporter.poll)
         result.verify = outcome_json(outcome)
         result.verdict = outcome.verdict
-        if outcome.error is not None:
-            raise VigilError(outcome.error)
-        assert outcome.state is not None
-        if outcome.state.verdict != "ready":
-            st_ = outcome.state
-            raise HostError(t.name, f"after rollback: {st_.verdict} ({st_.cause}): "
-                            f"{st_.proof}", fix=st_.remedy)
-        result.main_pid = outcome.state.main_pid
+        result.main_pid = service.ready_pid(t.name, outcome)
         if hooks is not None:
             hooks.run("after_ready", t, say)
         result.status = "rolled_back"
@@ -335,10 +293,6 @@ def rollback_host(t: Target, settings: WatchSettings, state_dir: Path, log: Log,
         err = exc if isinstance(exc, VigilError) else InternalError.of(t.name, exc)
         result.error = str(err)
         say(f"ROLLBACK FAILED: {err}")
-    finally:
-        locked.close()
-        if transport is not None:
-            transport.close()
     result.seconds = round(time.monotonic() - started, 2)
     return result
 
@@ -428,11 +382,4 @@ def junit_xml(ro: Rollout) -> str:
 
 
 def write_junit(path: str, ro: Rollout) -> None:
-    target = Path(path)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(junit_xml(ro))
-        tmp.replace(target)
-    except OSError as exc:
-        raise ConfigError(f"cannot write: {exc.strerror}", file=path) from None
+    write_text(path, junit_xml(ro))

@@ -8,12 +8,10 @@ colour; untouched hosts stay empty, rollbacks follow the stopping batch.
 from __future__ import annotations
 
 import html
-from pathlib import Path
 from typing import Any
 
 from vigil.deploy.rollout import Rollout
-from vigil.errors import ConfigError
-from vigil.report import HostResult
+from vigil.report import HostResult, write_text
 from vigil.verify import html as verify_html
 
 WIDTH = verify_html.WIDTH
@@ -94,11 +92,4 @@ def rollout_page(ro: Rollout) -> str:
 
 
 def write_html(path: str, ro: Rollout) -> None:
-    target = Path(path)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(rollout_page(ro))
-        tmp.replace(target)
-    except OSError as exc:
-        raise ConfigError(f"cannot write: {exc.strerror}", file=path) from None
+    write_text(path, rollout_page(ro))

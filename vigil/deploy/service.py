@@ -141,11 +141,11 @@ def probe_target(hv: HostVars, served: str) -> watch.ProbeTarget:
 
 
 def rollback(transport: Transport, hv: HostVars, *, wait: bool, settings: watch.Settings,
-             state_dir: Path, log: Callable[[str, str], None]) -> int | None:
-    """Swap the kept release back in, restart, and (with `wait`) watch it start with the
-    verify watcher until it is proven ready; its main PID."""
+             state_dir: Path, log: Callable[[str, str], None]) -> watch.Outcome | None:
+    """Swap the kept release back in and restart it, under the deploy lock like deploy (a
+    rollback never swaps files under a deploy); with `wait`, watch the start with the
+    verify watcher and return its outcome (judge it with `ready_pid`)."""
     name = transport.name
-    # under the deploy lock, like deploy: a rollback never swaps files under a deploy
     with deploy_lock(transport, hv, lambda message: log(name, message)):
         reply = call(transport, hv, "rollback",
                      {"unit": hv.service, "paths": service_paths(hv)}, timeout=600)
@@ -155,9 +155,13 @@ def rollback(transport: Transport, hv: HostVars, *, wait: bool, settings: watch.
         if not wait:
             return None
         served = status(transport, hv).served_name or ""
-        out = watch.watch_service(name, transport, probe_target(hv, served), settings,
-                                  state_dir, privileged_fn=lambda cmd: privileged(cmd, hv),
-                                  on_poll=Reporter(live=False, emit=log).poll)
+        return watch.watch_service(name, transport, probe_target(hv, served), settings,
+                                   state_dir, privileged_fn=lambda cmd: privileged(cmd, hv),
+                                   on_poll=Reporter(live=False, emit=log).poll)
+
+
+def ready_pid(name: str, out: watch.Outcome) -> int | None:
+    """The main PID of a restored release proven ready; otherwise the error that says why."""
     if out.error is not None:
         raise VigilError(out.error)
     st = out.state

@@ -12,6 +12,7 @@ from vigil.deploy import apply as deploy_mod
 from vigil.deploy import service
 from vigil.desired import review
 from vigil.desired import targets as targets_mod
+from vigil.desired.config import HostVars
 from vigil.exitcodes import ExitCode
 from vigil.report import Log, results_json, summary_table, write_json
 from vigil.tasks.common import (
@@ -23,6 +24,7 @@ from vigil.tasks.common import (
     user_errors,
     watch_settings,
 )
+from vigil.transport.ssh import Transport
 
 
 @task(
@@ -179,8 +181,13 @@ def rollback(c: Context, hosts: str = "all", no_wait: bool = False) -> None:
     log = Log()
     with user_errors():
         settings, state_dir = watch_settings(c), setting(c, "state_dir")
-        runs = service.on_hosts(load_inventory(c), hosts, lambda name, hv, t: service.rollback(
-            t, hv, wait=not no_wait, settings=settings, state_dir=state_dir, log=log))
+
+        def one(name: str, hv: HostVars, t: Transport) -> int | None:
+            out = service.rollback(t, hv, wait=not no_wait, settings=settings,
+                                   state_dir=state_dir, log=log)
+            return None if out is None else service.ready_pid(name, out)
+
+        runs = service.on_hosts(load_inventory(c), hosts, one)
     for r in runs:
         if r.error is not None:
             log(r.host, f"FAILED: {r.error}")

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from vigil.errors import ConfigError
+from vigil.report import write_text
 from vigil.verify import catalog, reducer
 from vigil.verify.budgets import Budgets, HistoryRecord
 from vigil.verify.snapshot import Smoke, Snapshot
@@ -382,11 +382,4 @@ def outcomes_page(outcomes: Sequence[Outcome]) -> str:
 
 def write(path: str, page: str) -> None:
     """Write the page whole or not at all (a half page is worse than none)."""
-    target = Path(path)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(page, encoding="utf-8")
-        tmp.replace(target)
-    except OSError as exc:
-        raise ConfigError(f"cannot write: {exc.strerror}", file=path) from None
+    write_text(path, page)

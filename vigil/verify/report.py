@@ -13,14 +13,13 @@ import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, TextIO
 
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from vigil.errors import ConfigError
+from vigil.report import write_text
 from vigil.verify import catalog, reducer
 from vigil.verify.budgets import Budgets
 from vigil.verify.snapshot import Snapshot
@@ -207,14 +206,7 @@ def junit_xml(outcomes: list[Outcome]) -> str:
 
 
 def write_junit(path: str, outcomes: list[Outcome]) -> None:
-    target = Path(path)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(junit_xml(outcomes))
-        tmp.replace(target)
-    except OSError as exc:
-        raise ConfigError(f"cannot write: {exc.strerror}", file=path) from None
+    write_text(path, junit_xml(outcomes))
 
 
 def summary(outcomes: list[Outcome]) -> str:
