@@ -52,7 +52,8 @@ def verify(
     poll: float | None = None,
     stall: float | None = None,
 ) -> None:
-    """Watch each host's vLLM start phase by phase: ready, stalled, crashed or timed out."""
+    """Watch each host's vLLM start phase by phase: ready, crashed, stalled, timed out or
+    stopped (a slow start that progresses is given its time)."""
     with user_errors():
         settings = watch_settings(c, poll, stall)
         targets = targets_mod.resolve(load_inventory(c), hosts, model=model, stack=stack,
