@@ -17,11 +17,18 @@ from pathlib import Path
 import pytest
 
 from lab import hosts as lab
-from tests.test_verify_live import POLL_S, STOP, _pid_of, run_verify, sh, start, target
+from tests.test_verify_live import (
+    POLL_S,
+    STOP,
+    FreezeWorkerInCompile,
+    run_verify,
+    sh,
+    start,
+    target,
+)
 from vigil.deploy import apply as deploy_mod
 from vigil.report import Log
-from vigil.verify import history, html, reducer
-from vigil.verify.snapshot import Snapshot
+from vigil.verify import history, html
 from vigil.verify.watch import Settings
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
@@ -57,15 +64,8 @@ def test_three_good_starts_teach_a_window_that_catches_a_frozen_compile(
         print(f"good start {i + 1}: compiling quiet {quiet} s")
 
     start(clear_cache=True)
-    stopped: list[float] = []
-    stopped_pid: list[int] = []
-
-    def freeze_worker(st: reducer.WatchState, snap: Snapshot) -> None:
-        pid = _pid_of(snap, "Worker")
-        if not stopped and pid and st.phase == "compiling":
-            sh(f"kill -STOP {pid}")
-            stopped.append(snap.time)
-            stopped_pid.append(pid)
+    freeze_worker = FreezeWorkerInCompile()
+    stopped, stopped_pid = freeze_worker.at, freeze_worker.pid
 
     try:
         out = run_verify(state, Settings(poll_s=POLL_S), on_poll=freeze_worker)

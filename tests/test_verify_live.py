@@ -183,6 +183,22 @@ def _pid_of(snap: Snapshot, comm_part: str) -> int | None:
     return None
 
 
+class FreezeWorkerInCompile:
+    """An on_poll hook: SIGSTOP the first worker seen while the start compiles (a frozen
+    compile: alive, no progress), remembering when and which."""
+
+    def __init__(self) -> None:
+        self.at: list[float] = []
+        self.pid: list[int] = []
+
+    def __call__(self, st: reducer.WatchState, snap: Snapshot) -> None:
+        pid = _pid_of(snap, "Worker")
+        if not self.at and pid and st.phase == "compiling":
+            sh(f"kill -STOP {pid}")
+            self.at.append(snap.time)
+            self.pid.append(pid)
+
+
 def test_kill_9_of_the_engine_is_crashed_within_two_polls(host: Path) -> None:
     start()
     killed_at: list[int] = []
@@ -223,15 +239,8 @@ def test_max_model_len_beyond_the_model_is_crashed_with_its_cause(host: Path) ->
 
 def test_sigstop_of_the_worker_during_compile_is_stalled_in_that_phase(host: Path) -> None:
     start(clear_cache=True)  # cold: the compile is long enough to catch
-    stopped: list[float] = []
-    stopped_pid: list[int] = []
-
-    def freeze_worker(st: reducer.WatchState, snap: Snapshot) -> None:
-        pid = _pid_of(snap, "Worker")
-        if not stopped and pid and st.phase == "compiling":
-            sh(f"kill -STOP {pid}")
-            stopped.append(snap.time)
-            stopped_pid.append(pid)
+    freeze_worker = FreezeWorkerInCompile()
+    stopped, stopped_pid = freeze_worker.at, freeze_worker.pid
 
     try:
         out = run_verify(host, Settings(poll_s=POLL_S, stall_s=SHORT_STALL_S),
