@@ -38,6 +38,7 @@ PY_LIST = (
     " for d in m.distributions() if d.metadata['Name']}))"
 )
 RELEASE_FILES = ("unit", "env")
+ROLE_FILES = "role-files.json"  # the kept user-role files, in the backup directory
 
 
 def read_text(path: str) -> Any:
@@ -711,8 +712,9 @@ def switch_link(link: str, target: str) -> None:
     fsync_dir(directory)
 
 
-def backup_release(paths: Dict[str, str]) -> None:
-    """Keep the release being replaced (unit, env, environment link) as one set."""
+def backup_release(paths: Dict[str, str], files: Optional[List[Json]] = None) -> None:
+    """Keep the release being replaced (unit, env, environment link, and the user roles'
+    files the deploy is about to write) as one set."""
     bdir = paths["backup_dir"]
     tmp = bdir + ".new"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -722,6 +724,17 @@ def backup_release(paths: Dict[str, str]) -> None:
             shutil.copy2(paths[name], os.path.join(tmp, name))
     if os.path.islink(paths["current"]):
         write_atomic(os.path.join(tmp, "current"), os.readlink(paths["current"]), 0o600)
+    kept = []
+    for n, f in enumerate(files or []):
+        entry = {"path": f["path"], "restart": f.get("restart"), "saved": None}
+        if os.path.isfile(f["path"]):  # absent now: a rollback removes it again
+            st = os.stat(f["path"])
+            shutil.copyfile(f["path"], os.path.join(tmp, "file-%d" % n))
+            entry.update(saved="file-%d" % n, mode=stat.S_IMODE(st.st_mode),
+                         uid=st.st_uid, gid=st.st_gid)
+        kept.append(entry)
+    if kept:
+        write_atomic(os.path.join(tmp, ROLE_FILES), json.dumps(kept), 0o600)
     old = bdir + ".old"
     shutil.rmtree(old, ignore_errors=True)
     if os.path.isdir(bdir):
@@ -1066,7 +1079,7 @@ def _write_file(action: Json, paths: Dict[str, str]) -> Json:
 
 
 def _backup(action: Json, paths: Dict[str, str]) -> Json:
-    backup_release(paths)
+    backup_release(paths, action.get("files"))
     return {"ok": True}
 
 
@@ -1137,18 +1150,43 @@ def rollback(req: Json) -> Json:
     # Swap: the release being rolled back becomes the backup, so a second rollback undoes it.
     restore = {name: read_text(os.path.join(bdir, name)) for name in RELEASE_FILES}
     link = read_text(os.path.join(bdir, "current"))
-    backup_release(paths)
+    kept = kept_role_files(bdir)  # read before the swap replaces the backup directory
+    backup_release(paths, kept)
     for name in RELEASE_FILES:
         if isinstance(restore[name], str):
             write_atomic(paths[name], restore[name], 0o600 if name == "env" else 0o644)
     if isinstance(link, str) and os.path.isdir(link):
         switch_link(paths["current"], link)
-    for args in (["daemon-reload"], ["reset-failed", req["unit"]], ["restart", req["unit"]]):
+    restored_files = restore_role_files(kept)
+    restarts = [["restart", req["unit"]]] + [
+        ["try-restart", u] for u in dict.fromkeys(f["restart"] for f in kept if f["restart"])]
+    for args in [["daemon-reload"], ["reset-failed", req["unit"]]] + restarts:
         code, out = run(["systemctl"] + args, timeout=300)
         if code != 0 and args[0] != "reset-failed":
             return {"ok": False, "error": "systemctl %s: %s" % (" ".join(args), out)}
-    return {"ok": True, "restored": [n for n in RELEASE_FILES if restore[n]],
+    return {"ok": True, "restored": [n for n in RELEASE_FILES if restore[n]] + restored_files,
             "env": link if isinstance(link, str) else None}
+
+
+def kept_role_files(bdir: str) -> List[Json]:
+    """The kept user-role files with their text (None: the file did not exist)."""
+    text = read_text(os.path.join(bdir, ROLE_FILES))
+    kept = list(json.loads(text)) if isinstance(text, str) else []
+    for f in kept:
+        f["text"] = read_text(os.path.join(bdir, f["saved"])) if f["saved"] else None
+    # a kept copy that cannot be read is left alone, never taken for "absent before"
+    return [f for f in kept if f["saved"] is None or isinstance(f["text"], str)]
+
+
+def restore_role_files(kept: List[Json]) -> List[str]:
+    """Put each kept user-role file back as it was (absent before: removed again)."""
+    for f in kept:
+        if f["text"] is None:
+            if os.path.lexists(f["path"]):
+                os.unlink(f["path"])
+        else:
+            write_atomic(f["path"], f["text"], f["mode"], (f["uid"], f["gid"]))
+    return [f["path"] for f in kept]
 
 
 def status(req: Json) -> Json:
