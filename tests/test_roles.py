@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -305,3 +306,60 @@ def test_render_of_a_host_with_only_user_roles_writes_only_their_files(
     written = review.write_files(t, tmp_path / "out")
     assert len(written) == 3 and not (tmp_path / "out" / "vllm.service").exists()
     assert all("/health-log/" in w for w in written)
+
+
+def _role_with(dest: str, restart: str | None = "thing.service") -> Any:
+    from vigil.desired.roles import RenderedFile, RenderedRole
+    return RenderedRole("mine", (RenderedFile("mine", dest, "a=2\n", "644", "root", restart),),
+                        ())
+
+
+def test_the_release_backup_keeps_the_role_files_the_deploy_writes() -> None:
+    from vigil.deploy.plan import Action
+    from vigil.deploy.roles import with_role_backup
+    role = _role_with("/etc/thing.conf")
+    (write, restart) = plan_roles((role,), parse_role_facts({}))
+    service = (Action("backup", "keep"), Action("write_unit", "changed", {"content": "u"}))
+    plan = with_role_backup(service, [write, restart], (role,), release_exists=True)
+    assert [a.kind for a in plan] == ["backup", "write_unit", "write_file", "restart"]
+    assert plan[0].payload == {"files": [{"path": "/etc/thing.conf",
+                                          "restart": "thing.service"}]}
+    # only the role changed: a backup of the running release is added before its writes
+    alone = with_role_backup((), [write, restart], (role,), release_exists=True)
+    assert [a.kind for a in alone] == ["backup", "write_file", "restart"]
+    assert alone[0].payload["files"][0]["path"] == "/etc/thing.conf"
+    # nothing deployed yet: there is no release to keep
+    assert [a.kind for a in with_role_backup((), [write], (role,), release_exists=False)] \
+        == ["write_file"]
+    # no role file written: the service plan is left as it was
+    assert with_role_backup(service, [restart], (role,), release_exists=True) \
+        == (*service, restart)
+
+
+def test_a_rollback_puts_role_files_back_and_removes_new_ones(tmp_path: Path) -> None:
+    """The agent's half, on local files: backup, write, then what the rollback verb does
+    before it asks systemd to restart (which this machine cannot)."""
+    from vigil.host import agent
+    paths = {"unit": str(tmp_path / "u.service"), "env": str(tmp_path / "u.env"),
+             "current": str(tmp_path / "current"), "backup_dir": str(tmp_path / "backup")}
+    old, new = tmp_path / "etc" / "old.conf", tmp_path / "etc" / "new.conf"
+    old.parent.mkdir()
+    old.write_text("a=1\n")
+    old.chmod(0o640)
+    files = [{"path": str(old), "restart": "thing.service"}, {"path": str(new), "restart": None}]
+    reply = agent.apply({"paths": paths, "actions": [
+        {"kind": "backup", "files": files},
+        {"kind": "write_file", "path": str(old), "content": "a=2\n", "mode": "644",
+         "owner": "root"},
+        {"kind": "write_file", "path": str(new), "content": "b\n", "mode": "644",
+         "owner": "root"}]})
+    assert all(r["ok"] for r in reply["results"]), reply
+    kept = agent.kept_role_files(paths["backup_dir"])
+    assert [(k["path"], k["text"]) for k in kept] == [(str(old), "a=1\n"), (str(new), None)]
+    assert agent.restore_role_files(kept) == [str(old), str(new)]
+    assert old.read_text() == "a=1\n" and old.stat().st_mode & 0o777 == 0o640
+    assert not new.exists()
+    # a kept copy that went missing is never taken for "absent before": the file stays
+    (tmp_path / "backup" / "file-0").unlink()
+    old.write_text("a=3\n")
+    assert [k["path"] for k in agent.kept_role_files(paths["backup_dir"])] == [str(new)]

@@ -156,3 +156,53 @@ def test_with_the_service_roles_the_role_rides_in_the_same_facts_round_trip(
     assert not any(d in ("write_file", f"systemctl enable {TIMER}") for d in done), done
     assert not any(a.startswith("restart: health-log") for a in result["actions"])
     assert host_files(ssh) == before
+
+
+def test_rollback_puts_the_roles_files_back_with_the_release(ssh: Transport) -> None:
+    """On the real host, through the agent's own verbs: a release (a small unit) plus a
+    role file and a file new in this deploy; the rollback restores the file as it was
+    (mode, text), removes the new one, restarts the unit the file names; a second
+    rollback undoes the first."""
+    from vigil.transport.remote import call_with
+    svc, conf, new = "vigil-rbtest", "/opt/vigil/rbtest.conf", "/opt/vigil/rbtest-new.conf"
+    paths = {"unit": f"/etc/systemd/system/{svc}.service", "env": f"/run/{svc}.env",
+             "current": f"/run/{svc}-current", "backup_dir": f"/run/{svc}-backup"}
+    unit = "[Service]\nExecStart=/bin/sleep infinity\n"
+
+    def agent(verb: str, req: dict[str, Any]) -> dict[str, Any]:
+        return call_with(ssh, lambda c: c, verb, req)
+
+    def state() -> str:
+        return sh(ssh, f"stat -c '%a %s' {conf}; cat {conf}; ls {new} 2>&1 || true")
+
+    try:
+        first = agent("apply", {"paths": paths, "actions": [
+            {"kind": "write_unit", "content": unit, "mode": "644"},
+            {"kind": "write_file", "path": conf, "content": "v=1\n", "mode": "600",
+             "owner": "root"},
+            {"kind": "systemctl", "args": ["daemon-reload"]},
+            {"kind": "restart", "unit": svc}]})
+        assert all(r["ok"] for r in first["results"]), first
+        before = state()
+        pid = sh(ssh, f"systemctl show {svc} -p MainPID --value").strip()
+        second = agent("apply", {"paths": paths, "actions": [
+            {"kind": "backup", "files": [{"path": conf, "restart": svc},
+                                         {"path": new, "restart": None}]},
+            {"kind": "write_unit", "content": unit + "# v2\n", "mode": "644"},
+            {"kind": "write_file", "path": conf, "content": "v=2\n", "mode": "644",
+             "owner": "root"},
+            {"kind": "write_file", "path": new, "content": "n\n", "mode": "644",
+             "owner": "root"}]})
+        assert all(r["ok"] for r in second["results"]), second
+        after = state()
+        back = agent("rollback", {"paths": paths, "unit": svc})
+        assert back["ok"] and back["restored"] == ["unit", conf, new], back
+        assert state() == before and "No such file" in before
+        assert "# v2" not in sh(ssh, f"cat {paths['unit']}")
+        assert sh(ssh, f"systemctl show {svc} -p MainPID --value").strip() != pid
+        again = agent("rollback", {"paths": paths, "unit": svc})
+        assert again["ok"], again
+        assert state() == after and "v=2" in after
+    finally:
+        sh(ssh, f"systemctl stop {svc} || true; rm -rf {conf} {new} {' '.join(paths.values())}"
+                "; systemctl daemon-reload")

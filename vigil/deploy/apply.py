@@ -179,7 +179,9 @@ def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
                     if t.roles:
                         extra = roles_plan.plan_roles(
                             t.roles, roles_plan.parse_role_facts(role_facts))
-                        plan = replace(plan, actions=plan.actions + tuple(extra))
+                        plan = replace(plan, actions=roles_plan.with_role_backup(
+                            plan.actions, extra, t.roles,
+                            release_exists=facts is not None and facts.release_exists))
                     result.actions = plan.describe() if plan.actions else []
                     for line in plan.describe():
                         say(("would " if opts.check and plan.actions else "") + line)

@@ -120,6 +120,11 @@ class HostFacts(_Facts):
         return self.files.env if isinstance(self.files.env, str) else None
 
     @property
+    def release_exists(self) -> bool:
+        """Something is deployed here: a deploy keeps it for rollback."""
+        return self.unit_text is not None or self.env_text is not None or bool(self.current_env)
+
+    @property
     def env_unreadable(self) -> bool:
         return isinstance(self.files.env, dict)
 

@@ -210,7 +210,7 @@ def plan_service(host_name: str, r: Rendered, facts: HostFacts, runtime: Runtime
             {"content": r.unit_text, "mode": "644"}, unified(r.paths.unit, facts.unit_text,
                                                              r.unit_text),
         ))
-    existed = facts.unit_text is not None or facts.env_text is not None or facts.current_env
+    existed = facts.release_exists
     if writes and existed:
         actions.append(Action("backup", "keep the running release for rollback"))
     actions += writes

@@ -8,7 +8,7 @@ file that names it changed, or when it should run and does not.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vigil.deploy.plan import Action, unified
@@ -84,3 +84,24 @@ def plan_roles(roles: tuple[RenderedRole, ...], facts: RoleFacts) -> list[Action
                                    f"{state.get('ActiveState') or 'not loaded'}")
     actions += [Action("restart", reason, {"unit": unit}) for unit, reason in restart.items()]
     return actions
+
+
+def with_role_backup(service: tuple[Action, ...], role_actions: list[Action],
+                     roles: tuple[RenderedRole, ...], *, release_exists: bool,
+                     ) -> tuple[Action, ...]:
+    """The whole plan, with the roles' files to be written kept by the release backup, so
+    a rollback puts them back (or removes them again) along with the unit and env."""
+    restart_of = {f.dest: f.restart for r in roles for f in r.files}
+    files = [{"path": a.payload["path"], "restart": restart_of.get(a.payload["path"])}
+             for a in role_actions if a.kind == "write_file"]
+    if not files:
+        return service + tuple(role_actions)
+    if any(a.kind == "backup" for a in service):
+        service = tuple(replace(a, payload={**a.payload, "files": files})
+                        if a.kind == "backup" else a for a in service)
+        return service + tuple(role_actions)
+    if not release_exists:  # nothing deployed yet: there is no release to roll back to
+        return service + tuple(role_actions)
+    keep = Action("backup", "keep the running release and the roles' files for rollback",
+                  {"files": files})
+    return (*service, keep, *tuple(role_actions))
