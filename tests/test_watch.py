@@ -82,9 +82,41 @@ class RecordedHost:
         raise AssertionError(f"unexpected command {command[:80]}")
 
     def hold(self, command: str) -> Held:
-        raise AssertionError("the watcher holds nothing")
+        # The watcher's stream: the same recorded snapshots, one line each after a hello.
+        self.round_trips += 1
+        assert agent_verb(command) == "stream", command[:80]
+        self.commands.append((command, ""))
+        return RecordedStream(self, len(self.commands) - 1)
 
     def close(self) -> None:
+        pass
+
+
+class RecordedStream:
+    """The agent's `stream` verb over a RecordedHost: hello, then each recorded snapshot."""
+
+    def __init__(self, host: RecordedHost, slot: int) -> None:
+        self.host, self.slot = host, slot
+        self.said_hello = False
+
+    def send(self, text: str) -> None:
+        command, sent = self.host.commands[self.slot]
+        self.host.commands[self.slot] = (command, sent + text)
+
+    def readline(self, timeout: float) -> str | None:
+        if not self.said_hello:
+            self.said_hello = True
+            return json.dumps({"k": "hello", "v": 1, "pid": 4242}) + "\n"
+        h = self.host
+        snap = h.snaps[min(h.i, len(h.snaps) - 1)]
+        h.i += 1
+        data = json.loads(snap.model_copy(update={"smoke": None}).to_json())
+        return json.dumps({"k": "snap", "snap": data}) + "\n"
+
+    def alive(self) -> bool:
+        return True
+
+    def release(self) -> None:
         pass
 
 

@@ -5,7 +5,8 @@ travel on stdin only, never on a command line (which any user could read in /pro
 call is one SSH round trip: ``facts`` reads everything a plan needs, ``apply`` runs a
 whole plan (one applier per action kind, ``APPLIERS``), ``rollback`` restores the last
 release, ``status``/``packages``/``role_facts`` read, ``probe`` is one poll of a starting
-service (run on the service environment's python, where NVML is importable), ``smoke``
+service (run on the service environment's python, where NVML is importable), ``stream``
+follows it instead (one JSON line per event, until stdin closes), ``smoke``
 one real completion, ``history`` the host's start records, ``logs`` the journal. The
 verbs share one set of helpers (systemctl show, HTTP, process tree, nvidia-smi).
 Python 3.8+ on purpose: it runs on the host's own python3.
@@ -19,6 +20,7 @@ import json
 import os
 import pwd
 import re
+import select
 import shutil
 import signal
 import stat
@@ -1497,6 +1499,165 @@ def probe(req: Json) -> Json:
         return {"v": 1, "time": time.time(), "errors": [_err(exc)]}
 
 
+# -- stream: the watcher's persistent channel (one snapshot per event and per second) ---
+
+STREAM_BATCH_S = 0.05  # lines arriving together go out in one snapshot
+STREAM_PID_CHECK_S = 0.2  # how often the service's processes are checked for an exit
+SYSTEMD_COMMS = ("systemd",)
+
+
+def _die_with_parent() -> None:
+    """journalctl -f must not outlive the stream (a killed stream leaves no orphan)."""
+    with contextlib.suppress(Exception):
+        import ctypes
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _journal_record(rec: Json, catch_up_us: int, invocation: Optional[str],
+                    since_us: int) -> List[Json]:
+    """One journal record as the stream's lines (each carries the record's cursor `c`).
+    Without a cursor, the lines written before the stream began are filtered as the probe
+    filters them (an earlier run's); followed lines never are (a restart's are news)."""
+    text = _message(rec.get("MESSAGE"))
+    us = _int(rec.get("__REALTIME_TIMESTAMP", "0"))
+    if text is None or (us < catch_up_us and _other_start(rec, invocation, since_us)):
+        return []
+    c = rec.get("__CURSOR")
+    return [{"us": us, "text": part, "c": c} for part in (text.splitlines() or [""])]
+
+
+def _from_systemd(rec: Json) -> bool:
+    return rec.get("_PID") == "1" or rec.get("_COMM") in SYSTEMD_COMMS
+
+
+def stream(req: Json, inp: int = 0, out: int = 1) -> int:
+    """Follow the unit: one JSON line per event (new journal lines, a systemd line about
+    the unit, a process of the service exiting) and a full snapshot every `interval_s`.
+    Each line is {"k": "hello"|"snap"|"error", ...}; a snapshot's journal lines carry their
+    record's cursor so the watcher can resume after a dropped channel and drop repeats.
+    Ends when stdin closes (the channel dropped) or stdout breaks: no orphan on the host."""
+    unit = str(req["unit"])
+    interval = max(float(req.get("interval_s") or 1.0), 0.1)
+    cursor = req.get("cursor") or None
+    max_lines = _int(req.get("max_lines"), 2000)
+    port = _int(req.get("port"))
+    user = req.get("user")
+    dirs = list(req.get("cache_dirs") or [])
+    no_nvml = bool(req.get("no_nvml"))
+
+    def emit(obj: Json) -> None:
+        data = (json.dumps(obj) + "\n").encode()
+        while data:
+            data = data[os.write(out, data):]
+
+    u = unit_state(unit)
+    argv = ["journalctl", "-u", unit, "-o", "json", "--no-pager", "-f"]
+    if cursor:
+        argv += ["--after-cursor", cursor]
+    else:
+        argv += ["-n", str(max_lines)]
+        if u.get("exec_main_start_epoch"):
+            argv += ["--since", "@%d" % int(u["exec_main_start_epoch"])]
+    invocation = str(u.get("invocation_id") or "") or None
+    since_us = int((u.get("exec_main_start_epoch") or 0) * 1e6)
+    catch_up_us = 0 if cursor else int(time.time() * 1e6)
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                preexec_fn=_die_with_parent)
+    except Exception as exc:
+        emit({"k": "error", "error": "journalctl: %s" % _err(exc)})
+        return 1
+    assert proc.stdout is not None
+    jfd = proc.stdout.fileno()
+    slow: Json = {}  # the parts read only at the steady cadence (GPU, compile cache)
+    pending: List[Json] = []
+    pending_since = 0.0
+    buf = b""
+    last_cursor = cursor
+    pids: List[int] = []
+    force = True
+    next_tick = 0.0
+    next_pid_check = 0.0
+    try:
+        emit({"k": "hello", "v": 1, "pid": os.getpid()})
+        while True:
+            now = time.monotonic()
+            wait = min(next_tick, next_pid_check) - now
+            if pending:
+                wait = min(wait, pending_since + STREAM_BATCH_S - now)
+            ready, _, _ = select.select([inp, jfd], [], [], max(wait, 0.0))
+            if inp in ready and not os.read(inp, 4096):
+                return 0  # the channel closed
+            if jfd in ready:
+                chunk = os.read(jfd, 1 << 16)
+                if not chunk:
+                    emit({"k": "error", "error": "journalctl -f ended (exit %s)"
+                          % proc.wait()})
+                    return 1
+                buf += chunk
+                *records, buf = buf.split(b"\n")
+                for raw in records:
+                    try:
+                        rec = json.loads(raw)
+                    except ValueError:
+                        continue
+                    lines = _journal_record(rec, catch_up_us, invocation, since_us)
+                    if lines and not pending:
+                        pending_since = time.monotonic()
+                    pending += lines
+                    last_cursor = rec.get("__CURSOR", last_cursor)
+                    force = force or _from_systemd(rec)
+            now = time.monotonic()
+            if now >= next_pid_check:
+                next_pid_check = now + STREAM_PID_CHECK_S
+                if any(not os.path.exists("/proc/%d" % p) for p in pids):
+                    force = True  # a process of the service exited
+            tick = now >= next_tick
+            if not (tick or force or (pending and now - pending_since >= STREAM_BATCH_S)):
+                continue
+            u = unit_state(unit)
+            snap: Json = {"v": 1, "time": time.time(), "errors": [], "unit": u}
+            snap["journal"] = {"lines": pending, "cursor": last_cursor, "truncated": False,
+                               "error": None}
+            snap["processes"] = processes(str(u.get("control_group") or ""),
+                                          _int(u.get("main_pid")))
+            pids = [p["pid"] for p in snap["processes"]["items"]]
+            if tick or not slow:
+                slow = {"gpus": probe_gpus(no_nvml), "cache": cache(user, dirs)}
+                next_tick = now + interval
+            snap.update(slow)
+            if port > 0:
+                snap["http"] = http_state(port, req.get("api_key"))
+            emit({"k": "snap", "snap": snap})
+            pending, force = [], False
+    except OSError:
+        return 0  # stdout broke: the channel is gone
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def stream_main(inp: int = 0, out: int = 1) -> int:
+    """The stream's request is the first line on stdin; the rest of stdin stays open as the
+    channel's life line."""
+    buf = b""
+    while b"\n" not in buf:
+        chunk = os.read(inp, 4096)
+        if not chunk:
+            break
+        buf += chunk
+    try:
+        request = json.loads(buf.split(b"\n", 1)[0] or b"{}")
+        if not isinstance(request, dict) or not request.get("unit"):
+            raise ValueError("the request is not a JSON object with a unit")
+    except Exception as exc:
+        os.write(out, (json.dumps({"k": "error", "agent_error": "malformed stream request: %s"
+                                   % _err(exc)}) + "\n").encode())
+        return 2
+    return stream(request, inp, out)
+
+
 # -- smoke: one real streamed completion from the host to its own server -------------
 
 
@@ -1600,4 +1761,6 @@ def main(argv: List[str], text: str) -> Json:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["stream"]:  # a channel, not one request and one reply
+        sys.exit(stream_main())
     sys.stdout.write(json.dumps(main(sys.argv, sys.stdin.read())))

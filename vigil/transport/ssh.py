@@ -5,7 +5,9 @@ A transport runs one shell command per call with optional stdin, counts round tr
 a context is open. Host keys are checked the way ``ssh`` checks them: against every
 known_hosts file ssh reads (UserKnownHostsFile and GlobalKnownHostsFile of the user's
 ssh config, else ~/.ssh/known_hosts and /etc/ssh/ssh_known_hosts) plus the inventory's
-``known_hosts``; or against fingerprints pinned in the inventory. ``host_key:
+``known_hosts`` (hashed names, wildcard and negated patterns, @revoked; a host vouched for
+only by @cert-authority is refused with the reason, as paramiko cannot check host
+certificates); or against fingerprints pinned in the inventory. ``host_key:
 accept-new`` trusts an unknown host once, writes its key to the inventory's known_hosts
 and says so; a changed key is refused in every mode.
 """
@@ -17,6 +19,7 @@ import fcntl
 import getpass
 import logging
 import os
+import re
 import select
 import shlex
 import socket
@@ -25,7 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Self, cast
 
@@ -93,6 +96,10 @@ class Held(Protocol):
         """Whether the command still runs (for the lock: whether it is still held)."""
         ...
 
+    def send(self, text: str) -> None:
+        """Write to the command's stdin (the watcher's stream takes its request there)."""
+        ...
+
     def release(self) -> None: ...
 
 
@@ -119,6 +126,11 @@ class _LocalHeld:
 
     def alive(self) -> bool:
         return self.proc.poll() is None
+
+    def send(self, text: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(text)
+        self.proc.stdin.flush()
 
     def release(self) -> None:
         if self.proc.stdin:
@@ -158,6 +170,9 @@ class LocalTransport(Closing):
 # -- ssh -----------------------------------------------------------------------------
 
 
+RELEASE_WAIT_S = 10.0
+
+
 class _SSHHeld:
     def __init__(self, channel: paramiko.Channel) -> None:
         self.channel = channel
@@ -186,10 +201,14 @@ class _SSHHeld:
         return (not self.channel.closed and not self.channel.exit_status_ready()
                 and transport is not None and transport.is_active())
 
+    def send(self, text: str) -> None:
+        self.channel.sendall(text.encode())
+
     def release(self) -> None:
         with contextlib.suppress(Exception):
             self.channel.shutdown_write()  # EOF: the holder's `cat` ends, flock is released
-            self.channel.recv_exit_status()
+            # bounded: a host that stopped answering must not hang the caller
+            self.channel.status_event.wait(RELEASE_WAIT_S)
         self.channel.close()
 
 
@@ -266,29 +285,87 @@ class _AcceptNew(paramiko.MissingHostKeyPolicy):
         )
 
 
-def load_known_hosts(text: str, keys: paramiko.HostKeys) -> set[str]:
-    """Add the entries of one known_hosts file to ``keys``; return its @revoked keys.
+@dataclass
+class KnownHosts:
+    """What ssh reads from known_hosts that paramiko's HostKeys does not: @revoked keys,
+    entries under wildcard or negated patterns, @cert-authority lines."""
 
-    Lines paramiko cannot read (a corrupt key, @cert-authority) are skipped, as ssh
-    skips them: such a host stays unknown, never trusted."""
-    revoked: set[str] = set()
+    revoked: set[str] = field(default_factory=set)
+    patterns: list[tuple[str, paramiko.PKey, Path]] = field(default_factory=list)
+    authorities: list[tuple[str, Path]] = field(default_factory=list)
+
+
+def _glob(pattern: str) -> re.Pattern[str]:
+    # ssh's patterns: `*` and `?` only (`[` is literal, as in "[host]:2222")
+    return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c)
+                              for c in pattern))
+
+
+def host_matches(patterns: str, name: str) -> bool:
+    """ssh's match_hostname: a comma-separated list of patterns, case-insensitive; a
+    matching `!pattern` rules the name out whatever else matches."""
+    found = False
+    for pattern in patterns.lower().split(","):
+        negated = pattern.startswith("!")
+        if _glob(pattern[1:] if negated else pattern).fullmatch(name.lower()):
+            if negated:
+                return False
+            found = True
+    return found
+
+
+def load_known_hosts(text: str, keys: paramiko.HostKeys, source: Path,
+                     into: KnownHosts) -> None:
+    """Add the entries of one known_hosts file to ``keys`` (plain and hashed names) and
+    to ``into`` (the rest). Lines no key can be read from are skipped, as ssh skips
+    them: such a host stays unknown, never trusted."""
     for raw in text.splitlines():
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
+        fields = line.split()
         if line.startswith("@"):
-            fields = line.split()
             if fields[0] == "@revoked" and len(fields) >= 4:
-                revoked.add(fields[3])
+                into.revoked.add(fields[3])
+            elif fields[0] == "@cert-authority" and len(fields) >= 2:
+                into.authorities.append((fields[1], source))
             continue
         try:
             entry = paramiko.hostkeys.HostKeyEntry.from_line(line)
         except (paramiko.SSHException, paramiko.hostkeys.InvalidHostKey, ValueError):
             continue
-        if entry is not None and entry.key is not None:
-            for name in entry.hostnames:
-                keys.add(name, entry.key.get_name(), entry.key)
-    return revoked
+        if entry is None or entry.key is None:
+            continue
+        if any(c in fields[0] for c in "*?!"):
+            into.patterns.append((fields[0], entry.key, source))
+            continue
+        for name in entry.hostnames:
+            keys.add(name, entry.key.get_name(), entry.key)
+
+
+class _Patterns(paramiko.MissingHostKeyPolicy):
+    """Before the host counts as unknown: its key under a matching wildcard entry is
+    trusted, a different key of that type is a mismatch, and a host covered only by
+    @cert-authority is refused with the reason (paramiko cannot check certificates)."""
+
+    def __init__(self, known: KnownHosts, then: paramiko.MissingHostKeyPolicy) -> None:
+        self.known = known
+        self.then = then
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
+                         key: paramiko.PKey) -> None:
+        expected = None
+        for patterns, known, _ in self.known.patterns:
+            if host_matches(patterns, hostname) and known.get_name() == key.get_name():
+                if known.get_base64() == key.get_base64():
+                    return
+                expected = known
+        if expected is not None:
+            raise paramiko.BadHostKeyException(hostname, key, expected)
+        for patterns, source in self.known.authorities:
+            if host_matches(patterns, hostname):
+                raise _KeyRefused(key, f"cert-authority:{patterns} in {source}")
+        self.then.missing_host_key(client, hostname, key)
 
 
 def _stderr_note(message: str) -> None:
@@ -321,7 +398,7 @@ class SSHTransport(Closing):
         self.conn.connect_timeout = host.connect_timeout_s
         client = self.conn.client
         self.key_files: list[Path] = []
-        self.revoked: set[str] = set()
+        self.known = KnownHosts()
         if host.host_key_fingerprints:
             client.set_missing_host_key_policy(_Pinned(host.host_key_fingerprints))
             return
@@ -347,13 +424,12 @@ class SSHTransport(Closing):
             except OSError:
                 continue
             self.key_files.append(path)
-            self.revoked |= load_known_hosts(text, client.get_host_keys())
+            load_known_hosts(text, client.get_host_keys(), path, self.known)
+        unknown: paramiko.MissingHostKeyPolicy = _Strict()
         if host.host_key == "accept-new":
             assert inventory_file is not None  # the inventory defaults it
-            client.set_missing_host_key_policy(_AcceptNew(inventory_file,
-                                                          note or _stderr_note))
-        else:
-            client.set_missing_host_key_policy(_Strict())
+            unknown = _AcceptNew(inventory_file, note or _stderr_note)
+        client.set_missing_host_key_policy(_Patterns(self.known, unknown))
 
     def _where(self) -> str:
         return f"{self.host.ssh_user}@{self.host.address}:{self.host.ssh_port}"
@@ -367,7 +443,7 @@ class SSHTransport(Closing):
 
     def _check_revoked(self) -> None:
         key = self._transport().get_remote_server_key()
-        if key.get_base64() in self.revoked:
+        if key.get_base64() in self.known.revoked:
             raise _KeyRefused(key, "revoked")
 
     def _connect(self) -> paramiko.Transport:
@@ -393,6 +469,17 @@ class SSHTransport(Closing):
                     f"host_key_fingerprints {', '.join(self.host.host_key_fingerprints)}",
                     fix="verify the host's identity; if its key really changed, pin the new "
                     "fingerprint (ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub on the host)",
+                ) from None
+            if exc.why.startswith("cert-authority:"):
+                where = exc.why.partition(":")[2]
+                raise UnreachableError(
+                    self.name, f"host key of {self._where()} ({seen}) is vouched for only "
+                    f"by @cert-authority {where}: vigil's SSH (paramiko) cannot check host "
+                    "certificates, so it trusts no host on a CA's word",
+                    fix="after checking the key against the host's certificate, add it: "
+                    f"ssh-keyscan -p {self.host.ssh_port} {self.host.address} >> "
+                    f"~/.ssh/known_hosts; or pin it with host_key_fingerprints: "
+                    f"[{fingerprint(exc.key)}]",
                 ) from None
             if exc.why == "revoked":
                 raise UnreachableError(

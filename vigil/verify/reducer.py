@@ -39,6 +39,7 @@ stop is noted (ready, then stopped); budgets only annotate.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -60,6 +61,16 @@ _STOP_SUBSTATES = frozenset({"stop", "stop-pre", "stop-sigterm", "stop-sigkill",
 # Exit statuses of a clean stop: 0, or killed by SIGTERM/SIGINT/SIGHUP (systemd's clean
 # signals), as a signal number or 128+n.
 _CLEAN_EXIT = frozenset({0, 2, 15, 130, 143})
+# A crash proven only weakly (the unit died, or a chain line such as systemd's "Main
+# process exited, code=exited") waits for the journal before naming the cause: journald
+# may deliver the engine's last lines after the unit's state or systemd's own line
+# (the kill -9 race: `crashed (unknown)` instead of `engine_killed`). A better-ranked
+# line ends the wait at once; else the cause is named SETTLE_S after the unit is seen
+# dead with systemd's exit line in the journal, and at most EVIDENCE_WAIT_S after the
+# weak evidence first came (host time: a replay waits the same).
+SETTLE_S = 1.0
+EVIDENCE_WAIT_S = 5.0
+_SYSTEMD_EXIT = re.compile(r"\.service: (Main process exited|Failed with result)")
 
 
 @dataclass(frozen=True)
@@ -143,6 +154,8 @@ class WatchState:
     fatal: tuple[Fatal, ...] = ()  # in the order seen
     last_line: str = ""
     evidence: Evidence = Evidence()
+    weak_crash_at: float | None = None  # a crash proven only weakly, first seen (waiting)
+    exit_line_at: float | None = None  # systemd's "Main process exited" line of this start
     verdict: str | None = None
     cause: str | None = None
     proof: str | None = None
@@ -366,6 +379,9 @@ def _fold_lines(st: WatchState, snap: Snapshot, now: float) -> tuple[_Fold, Watc
     f = _Fold(spans=list(st.spans), fatal=list(st.fatal), shards=st.shards, st=st)
     for entry in snap.journal.lines:
         t = min(entry.us / 1e6, now) if entry.us > 0 else now
+        if f.st.exit_line_at is None and _SYSTEMD_EXIT.search(entry.text) and (
+                f.st.started_at is None or t >= f.st.started_at):
+            f.st = replace(f.st, exit_line_at=now)
         m = catalog.classify(entry.text)
         if m.kind == "noise":
             f.noise += 1
@@ -482,7 +498,16 @@ def step(
     # 3. Crashed: a fatal line, the unit failing or restarting on its own, /health
     # turning 503, or the first completion failing.
     crash = _crash(st, snap, smoke)
+    dead = _dead(st, snap)
     st = _track_unit(st, snap)
+    if crash is not None and not log_only and _weak(st, crash):
+        weak_at = st.weak_crash_at if st.weak_crash_at is not None else now
+        st = replace(st, weak_crash_at=weak_at)
+        settled = dead and st.exit_line_at is not None \
+            and now - max(weak_at, st.exit_line_at) >= SETTLE_S
+        if not settled and now - weak_at < EVIDENCE_WAIT_S:
+            return replace(st, summary=f"{_describe(st, now, budgets, _label(st))}; "
+                           f"crash evidence ({crash[1][:120]}): waiting for the journal")
     if crash is not None:
         cause, proof, remedy = crash
         return _finish(st, "crashed", cause, proof, remedy, now, budgets)
@@ -586,6 +611,26 @@ def _crash(st: WatchState, snap: Snapshot, smoke: Smoke | None) -> tuple[str, st
         proof = f"/health 200 but the first completion failed: {smoke.error or 'no tokens'}"
         return "engine_dead", proof, catalog.remedy_for("engine_dead")
     return None
+
+
+def _weak(st: WatchState, crash: tuple[str, str, str]) -> bool:
+    """Whether the crash stands only on the unit's state or a chain line (so a better
+    line may still be on its way through journald)."""
+    best = _best_fatal(st.fatal)
+    if best is None:
+        return crash[0] == "unknown" and crash[1] == _unit_reason(st, crash[1])
+    return best.rank == "chain" and crash[1] == best.proof
+
+
+def _unit_reason(st: WatchState, proof: str) -> str:
+    return proof if proof.startswith(("unit ", "main PID changed")) else ""
+
+
+def _dead(st: WatchState, snap: Snapshot) -> bool:
+    """The unit's main process is gone (failed, inactive, waiting to restart)."""
+    unit = snap.unit
+    return bool(unit is not None and unit.error is None and unit.active_state and (
+        unit.active_state in ("failed", "inactive") or unit.sub_state == "auto-restart"))
 
 
 def _unit_failure(st: WatchState, unit: Unit) -> str | None:

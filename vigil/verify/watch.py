@@ -35,6 +35,7 @@ from vigil.verify.budgets import (
     plan_budgets,
 )
 from vigil.verify.snapshot import Smoke, Snapshot
+from vigil.verify.stream import StreamProbe
 
 if TYPE_CHECKING:
     from vigil.desired.targets import Target
@@ -64,6 +65,9 @@ class Settings:
     stall_s: float | None = None
     # Successful starts needed before a key level's budgets come from history.
     min_samples: int = MIN_SAMPLES
+    # Follow the host over one persistent channel (the agent's `stream` verb); False:
+    # poll every poll_s. A host that cannot stream is polled anyway (said once).
+    stream: bool = True
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,23 @@ class Poller:
         except HostError as exc:
             return Smoke(ok=False, error=f"smoke did not finish: {exc.message}")
         return smoke.parse(data)
+
+
+    def streamer(self, note: Callable[[str], None], sleep: Sleep = time.sleep) -> StreamProbe:
+        """A ProbeFn over one held channel; polls (this Poller) when it cannot stream."""
+        req = probe_request(self.target, None)
+        return StreamProbe(self.transport, self.privileged, req, self.target.python,
+                           self.probe, self.settings.poll_s or POLL_S, note=note, sleep=sleep)
+
+
+def probe_fn(poller: Poller, settings: Settings, poll_s: float, note: Callable[[str], None],
+             sleep: Sleep) -> tuple[ProbeFn, float, StreamProbe | None]:
+    """The watch's probe and its pause between calls: the stream (no pause: it blocks until
+    the host has news) or polling every poll_s."""
+    if not settings.stream:
+        return poller.probe, poll_s, None
+    s = replace(poller.streamer(note, sleep), poll_s=poll_s)
+    return s, 0.0, s
 
 
 ProbeFn = Callable[[str | None], Snapshot]
@@ -205,6 +226,8 @@ class Outcome:
     seconds: float = 0.0
 
     smoke: Smoke | None = None
+    streamed: bool = False  # the watch ran on the stream (not polling, not fallen back)
+    stream_pids: list[int] = field(default_factory=list)  # the stream's processes on the host
 
     @property
     def verdict(self) -> str | None:
@@ -339,11 +362,18 @@ def _verify_on(t: Target, transport: Transport, settings: Settings, state_dir: P
             if on_poll is not None:
                 on_poll(t.name, state, snap, budgets)
 
-        with path.open("w", encoding="utf-8") as fh:
-            state = watch(poller.probe, smoke_fn, budgets,
-                          poll_s=settings.poll_s or t.vars.poll_s, first=first, clock=clock,
-                          sleep=sleep, on_poll=poll, trace=fh,
-                          max_failures=settings.max_probe_failures, host=t.name)
+        probe, pause, streamer = probe_fn(poller, settings, settings.poll_s or t.vars.poll_s,
+                                          note, sleep)
+        try:
+            with path.open("w", encoding="utf-8") as fh:
+                state = watch(probe, smoke_fn, budgets, poll_s=pause, first=first,
+                              clock=clock, sleep=sleep, on_poll=poll, trace=fh,
+                              max_failures=settings.max_probe_failures, host=t.name)
+        finally:
+            if streamer is not None:
+                streamer.close()
+                out.stream_pids = list(streamer.pids)
+                out.streamed = streamer.fallback is None
         out.state = state
         out.smoke = smokes[-1] if smokes else None
         out.exit_code = int(VERDICT_EXIT.get(state.verdict or "", ExitCode.FAILED))
@@ -428,11 +458,16 @@ def watch_service(
             if on_poll is not None:
                 on_poll(name, state, snap, budgets)
 
-        with path.open("w", encoding="utf-8") as fh:
-            out.state = watch(poller.probe, smoke_fn, budgets,
-                              poll_s=settings.poll_s or POLL_S, clock=clock, sleep=sleep,
-                              on_poll=poll, trace=fh,
-                              max_failures=settings.max_probe_failures, host=name)
+        probe, pause, streamer = probe_fn(poller, settings, settings.poll_s or POLL_S,
+                                          lambda _m: None, sleep)
+        try:
+            with path.open("w", encoding="utf-8") as fh:
+                out.state = watch(probe, smoke_fn, budgets, poll_s=pause, clock=clock,
+                                  sleep=sleep, on_poll=poll, trace=fh,
+                                  max_failures=settings.max_probe_failures, host=name)
+        finally:
+            if streamer is not None:
+                streamer.close()
         out.smoke = smokes[-1] if smokes else None
         out.exit_code = int(VERDICT_EXIT.get(out.state.verdict or "", ExitCode.FAILED))
     except VigilError as exc:
