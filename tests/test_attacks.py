@@ -19,7 +19,13 @@ from vigil.desired.config import HostVars
 from vigil.desired.render import mask_env_text
 from vigil.desired.targets import Target
 from vigil.errors import ConfigError, UnreachableError
-from vigil.transport.ssh import SSHTransport, known_hosts_files
+from vigil.transport.ssh import (
+    KnownHosts,
+    SSHTransport,
+    host_matches,
+    known_hosts_files,
+    load_known_hosts,
+)
 
 HOST = "lab2"
 INDEX = 2
@@ -130,6 +136,70 @@ def test_a1_revoked_key_is_refused(
     (home / ".ssh" / "known_hosts").write_text(lines + revoked)
     with pytest.raises(UnreachableError, match="is marked @revoked"):
         connects(lab_vars())
+
+
+def _as_pattern(lines: str, pattern: str) -> str:
+    """The lab host's own key lines, under ``pattern`` instead of its name."""
+    port = lab.host_port(INDEX)
+    return "".join(f"{pattern} {line.split(None, 1)[1]}\n" for line in lines.splitlines()
+                   if line.startswith(f"[127.0.0.1]:{port} "))
+
+
+def test_a1_wildcard_and_negated_patterns_match_as_ssh_matches_them() -> None:
+    assert host_matches("*.gpu.example", "node7.gpu.example")
+    assert host_matches("node?.GPU.example", "node7.gpu.example")
+    assert not host_matches("*.gpu.example", "gpu.example")
+    assert host_matches("[10.0.0.*]:2222", "[10.0.0.5]:2222")  # `[` is literal
+    assert not host_matches("[10.0.0.*]:2222", "10.0.0.5")
+    assert not host_matches("*.gpu.example,!node7.gpu.example", "node7.gpu.example")
+    assert host_matches("a,*.gpu.example,!node7.gpu.example", "node8.gpu.example")
+
+
+def test_a1_known_hosts_lines_are_sorted_by_what_ssh_makes_of_them(tmp_path: Path) -> None:
+    import paramiko
+    keytype, data = other_key(tmp_path)
+    text = (f"plain.example {keytype} {data}\n*.fleet.example {keytype} {data}\n"
+            f"@cert-authority *.corp.example {keytype} {data}\n"
+            f"@revoked * {keytype} {data}\nbroken.example {keytype} AAAA!!\n")
+    keys, known = paramiko.HostKeys(), KnownHosts()
+    load_known_hosts(text, keys, tmp_path / "kh", known)
+    assert list(keys.keys()) == ["plain.example"]
+    assert [p for p, _, _ in known.patterns] == ["*.fleet.example"]
+    assert known.authorities == [("*.corp.example", tmp_path / "kh")]
+    assert known.revoked == {data}
+
+
+@pytest.mark.lab
+def test_a1_a_wildcard_entry_trusts_the_host_and_a_changed_key_under_it_is_refused(
+    lab_hosts: list[lab.HostStatus], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = fake_home(tmp_path, monkeypatch)
+    kh = home / ".ssh" / "known_hosts"
+    kh.write_text(_as_pattern(lab_key_lines(), "[127.0.0.?]:22*"))
+    assert connects(lab_vars()) == HOST
+    keytype, data = other_key(tmp_path)
+    kh.write_text(f"[127.0.0.*]:* {keytype} {data}\n")
+    with pytest.raises(UnreachableError, match="does NOT match known_hosts"):
+        connects(lab_vars())
+    # ruled out by a negated pattern: the host is unknown, not trusted
+    kh.write_text(_as_pattern(lab_key_lines(),
+                              f"[127.0.0.*]:*,![127.0.0.1]:{lab.host_port(INDEX)}"))
+    with pytest.raises(UnreachableError, match="is unknown: in none of"):
+        connects(lab_vars())
+
+
+@pytest.mark.lab
+def test_a1_a_host_vouched_for_only_by_a_cert_authority_is_refused_with_the_reason(
+    lab_hosts: list[lab.HostStatus], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = fake_home(tmp_path, monkeypatch)
+    keytype, data = other_key(tmp_path)
+    (home / ".ssh" / "known_hosts").write_text(f"@cert-authority [127.0.0.1]:* {keytype} {data}\n")
+    with pytest.raises(UnreachableError) as err:
+        connects(lab_vars())
+    text = str(err.value)
+    assert "only by @cert-authority [127.0.0.1]:* in " in text
+    assert "cannot check host certificates" in text and "host_key_fingerprints: [SHA256:" in text
 
 
 # -- 2. no silent opt-out: pinned fingerprints or an explicit, loud accept-new ---------------

@@ -25,7 +25,7 @@ from vigil.desired import inventory
 from vigil.desired.config import NAME, HostVars
 from vigil.desired.render import env_quote, redact_env_text, systemd_quote
 from vigil.errors import ConfigError
-from vigil.transport.ssh import privileged
+from vigil.transport.ssh import host_matches, privileged
 from vigil.verify import history, replay
 
 # What the models let through to a unit or an env file: no C0/C1 control characters,
@@ -290,3 +290,20 @@ def test_a_valid_name_never_leaves_its_directory(name: str) -> None:
         assert (root / f"{name}.yml").resolve().parent == root
         assert (root / name).resolve().parent == root  # as a directory name too
         assert len(name) <= 100 and "\x00" not in name
+
+
+# -- known_hosts patterns: a host name is only ever matched, never interpreted ------------
+
+# what a known_hosts name holds: ASCII names, addresses, "[host]:port" (ssh lowercases ASCII)
+HOSTNAME = st.text(st.sampled_from("abcxyzABCXYZ0129.-_[]:%"), min_size=1)
+
+
+@FAST
+@given(HOSTNAME, HOSTNAME)
+def test_a_known_hosts_pattern_without_wildcards_matches_only_its_own_name(
+        name: str, other: str) -> None:
+    assume(name.lower() != other.lower())
+    assert host_matches(name, name) and host_matches(name.upper(), name)
+    assert not host_matches(name, other)
+    assert host_matches("*", name) and host_matches(f"{other},*", name)
+    assert not host_matches(f"*,!{name}", name)
