@@ -9,10 +9,15 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from invoke.config import Config
+from invoke.context import Context
 
+from vigil.errors import ConfigError
 from vigil.host import agent
+from vigil.tasks.common import watch_settings
 from vigil.verify import reducer, replay, stream
 from vigil.verify.budgets import Budgets
 from vigil.verify.snapshot import Journal, LogLine, Snapshot, Unit
@@ -340,3 +345,15 @@ def test_kill9_race_without_systemds_line_waits_at_most_evidence_wait() -> None:
     assert st.verdict is None
     st = reducer.step(st, Snapshot(time=t + reducer.EVIDENCE_WAIT_S, unit=FAILED), Budgets())
     assert (st.verdict, st.cause) == ("crashed", "unknown")
+
+
+# -- choosing the probe -------------------------------------------------------------------
+
+
+def test_streaming_is_the_default_and_polling_a_flag_or_setting_away() -> None:
+    assert watch_settings(Context(Config(overrides={"vigil": {}}))).stream
+    polled = Context(Config(overrides={"vigil": {"probe": "poll"}}))
+    assert not watch_settings(polled).stream
+    assert watch_settings(polled, probe="stream").stream  # the flag wins
+    with pytest.raises(ConfigError, match="stream or poll"):
+        watch_settings(polled, probe="push")

@@ -36,10 +36,10 @@ def setting(c: Context, key: str) -> Path:
 
 
 def watch_settings(c: Context, poll: float | None = None,
-                   stall: float | None = None) -> Settings:
+                   stall: float | None = None, probe: str | None = None) -> Settings:
     """The watcher's settings, read here once from the Invoke config (``vigil.poll_s``,
-    ``vigil.history_min_samples``) with --poll/--stall on top: deploy, verify and rollback
-    watch a start the same way."""
+    ``vigil.history_min_samples``, ``vigil.probe``) with --poll/--stall/--probe on top:
+    deploy, verify and rollback watch a start the same way."""
     cfg = c.config.vigil
     try:
         # unset: each host's own poll_s (the verify role's default, or the inventory's)
@@ -54,7 +54,12 @@ def watch_settings(c: Context, poll: float | None = None,
         raise ConfigError("--poll and --stall must be positive seconds and "
                           "history_min_samples at least 1", key="--poll/--stall",
                           fix="e.g. --poll 5 --stall 60")
-    return Settings(poll_s=poll_s, stall_s=stall, min_samples=min_samples)
+    mode = str(probe if probe is not None else cfg.get("probe", "stream"))
+    if mode not in ("stream", "poll"):
+        raise ConfigError(f"probe must be stream or poll, not {mode!r}",
+                          key="--probe/vigil.probe", fix="--probe poll (or stream)")
+    return Settings(poll_s=poll_s, stall_s=stall, min_samples=min_samples,
+                    stream=mode == "stream")
 
 
 def exit_with(codes: Iterable[int]) -> None:

@@ -36,6 +36,8 @@ from vigil.verify import watch
         "junit": "write a JUnit XML report (one test case per host) to this file",
         "html": "write one self-contained HTML page (phases, evidence, verdict) to this file",
         "poll": "seconds between polls (default: vigil.poll_s, else each host's poll_s, 5)",
+        "probe": "stream (default: one persistent channel, a snapshot per event and per "
+                 "second) or poll (one round trip per --poll seconds); vigil.probe sets it",
         "stall": "override every phase's stall window, in seconds",
     },
     iterable=["set_"],
@@ -51,11 +53,12 @@ def verify(
     html: str | None = None,
     poll: float | None = None,
     stall: float | None = None,
+    probe: str | None = None,
 ) -> None:
     """Watch each host's vLLM start phase by phase: ready, crashed, stalled, timed out or
     stopped (a slow start that progresses is given its time)."""
     with user_errors():
-        settings = watch_settings(c, poll, stall)
+        settings = watch_settings(c, poll, stall, probe)
         targets = targets_mod.resolve(load_inventory(c), hosts, model=model, stack=stack,
                                      sets=set_ or [], template_dir=setting(c, "templates"))
         with verify_report.Reporter() as rep:
