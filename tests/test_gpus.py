@@ -302,6 +302,24 @@ def test_a_driver_older_than_the_stacks_cuda_is_refused() -> None:
     assert list(MIN_DRIVER) == sorted(MIN_DRIVER, key=lambda v: tuple(map(int, v.split("."))))
 
 
+def test_the_newest_cuda_comes_from_the_driver_table_when_nvidia_smi_csv_omits_it() -> None:
+    from dataclasses import replace
+
+    from vigil.deploy.gpucheck import newest_cuda
+    # the real XML reports say it themselves; the table agrees for drivers it covers
+    for xml, said in (("a100_sxm4.xml", "12.2"), ("rtx_pro_6000_maxq.xml", "13.1")):
+        read = from_agent({"smi_xml": text(xml)})
+        assert newest_cuda(read) == read.cuda == said
+        assert newest_cuda(replace(read, cuda=None)) == said
+    # the CSV captures carry no CUDA field: the table answers from the driver version
+    assert from_agent(capture("rtx_pro_6000_x9")).cuda is None
+    assert newest_cuda(from_agent(capture("rtx_pro_6000_x9"))) == "13.0"  # 580.65.06
+    assert newest_cuda(from_agent(capture("h100"))) == "13.1"  # 590.48.01
+    # older than the table, or no driver read: unknown, never guessed
+    assert newest_cuda(replace(from_agent(capture("h100")), driver="510.47.03")) is None
+    assert newest_cuda(from_agent(capture("b200_x8"))) is None
+
+
 def test_cuda_visible_devices_naming_absent_gpus_is_refused() -> None:
     gpus = from_agent(capture("rtx_pro_6000_x9"))
     (err,) = visible_devices_problems("llm-one", {"CUDA_VISIBLE_DEVICES": "0,1,12"}, gpus)

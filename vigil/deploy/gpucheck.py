@@ -48,6 +48,16 @@ def _version(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", text))
 
 
+def newest_cuda(gpus: GpuFacts) -> str | None:
+    """The newest CUDA the driver runs: as the driver said (NVML, XML), else the newest
+    release of ``MIN_DRIVER`` the driver version reaches (nvidia-smi's CSV has no field
+    for it); None when neither is known."""
+    if gpus.cuda or not gpus.driver:
+        return gpus.cuda
+    reached = [c for c, need in MIN_DRIVER.items() if _version(gpus.driver) >= _version(need)]
+    return max(reached, key=_version) if reached else None
+
+
 @dataclass(frozen=True)
 class GpuPolicy:
     """What GPU health a deploy refuses; the values come from the host's variables
@@ -145,7 +155,8 @@ def driver_problems(host: str, stack: Stack, gpus: GpuFacts) -> list[RefusedErro
         need = MIN_DRIVER[max(older, key=_version)] if older else None
     if need is None or _version(gpus.driver) >= _version(need):
         return []
-    newest = f" (its newest CUDA is {gpus.cuda})" if gpus.cuda else ""
+    cuda = newest_cuda(gpus)
+    newest = f" (its newest CUDA is {cuda})" if cuda else ""
     return [RefusedError(
         f"{host}: driver {gpus.driver}{newest} is older than {need}, the minimum for CUDA "
         f"{stack.cuda}, which stack {stack.name} is built for",

@@ -15,7 +15,7 @@ from invoke.exceptions import Exit
 from invoke.tasks import task
 
 from vigil.deploy import apply as deploy_mod
-from vigil.deploy.gpucheck import GpuPolicy, health_lines
+from vigil.deploy.gpucheck import GpuPolicy, health_lines, newest_cuda
 from vigil.deploy.gpus import GIB
 from vigil.deploy.preflight import problems, stale_gpu_processes
 from vigil.deploy.runtime import findings, pip_for
@@ -137,7 +137,7 @@ def _facts_lines(t: targets_mod.Target, facts: Any) -> list[str]:
     for s in stale_gpu_processes(facts):
         lines.append(f"  not the service's: {s.describe()}")
     if g.gpus:
-        lines.append(f"driver {g.driver or '?'} (CUDA {g.cuda or '?'}); stack "
+        lines.append(f"driver {g.driver or '?'} (CUDA {newest_cuda(g) or '?'}); stack "
                      f"{t.stack.name} is built for CUDA {t.stack.cuda or '(not stated)'}")
         lines += [f"  {h}" for h in health_lines(g, GpuPolicy.of(t.vars))]
     lines.append(f"disk free under {Path(t.rendered.paths.env_dir).parent}: "
