@@ -293,8 +293,9 @@ def test_a_driver_older_than_the_stacks_cuda_is_refused() -> None:
     gpus = from_agent(capture("rtx_pro_6000_x9"))  # driver 580.65.06
     cu131 = TORCH_26_CU124.model_copy(update={"cuda": "13.1"})
     (err,) = driver_problems("llm-one", cu131, gpus)
-    assert str(err.message) == ("llm-one: driver 580.65.06 is older than 590.44.01, the "
-                                "minimum for CUDA 13.1, which stack old-torch is built for")
+    assert str(err.message) == ("llm-one: driver 580.65.06 (its newest CUDA is 13.0) is older "
+                                "than 590.44.01, the minimum for CUDA 13.1, which stack "
+                                "old-torch is built for")
     assert driver_problems("llm-one", target().stack, gpus) == []  # 12.9 needs 575.51.03
     # a CUDA newer than the table asks for at least the newest known driver
     future = TORCH_26_CU124.model_copy(update={"cuda": "13.9"})
