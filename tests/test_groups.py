@@ -265,6 +265,29 @@ def test_a_crash_on_any_node_is_the_groups_crash_naming_the_first() -> None:
     assert gs.proof == "b: status=9/KILL" and gs.phase == "loading_weights"
 
 
+def test_the_origin_is_named_even_before_its_own_reducer_concludes() -> None:
+    # lab, PP=2: lab2's ranks SIGKILLed while loading; its main process logged the chain
+    # line at .486, lab1's rank "Connection closed by peer" at .787 and lab1's reducer
+    # concluded first (a root line) while lab2's waited for a better one
+    worker = WatchState(started_at=0.0, now=101.0, spans=(PhaseSpan("loading_weights", 0.0),),
+                        fatal=(Fatal("unknown", "Exception: WorkerProc initialization "
+                                     "failed", "r", "chain", 100.486),))
+    gs = group_state([
+        NodeView("lab1", 0, _st("loading_weights", "crashed", now=101.5, fatal_at=100.787,
+                                proof="RuntimeError: Connection closed by peer",
+                                cause="unknown")),
+        NodeView("lab2", 1, worker)])
+    assert (gs.verdict, gs.node) == ("crashed", "lab2")
+    assert gs.proof == "lab2: Exception: WorkerProc initialization failed"
+    assert gs.summary.endswith("; then lab1")
+    # a node with no failure of its own is never the origin
+    gs = group_state([
+        NodeView("lab1", 0, _st("loading_weights", "crashed", now=101.5, fatal_at=100.787,
+                                proof="x", cause="unknown")),
+        NodeView("lab2", 1, _st("loading_weights", now=90.0))])
+    assert gs.node == "lab1"
+
+
 def test_a_node_that_never_joins_is_a_stall_in_distributed_init_naming_it() -> None:
     gs = group_state([NodeView("a", 0, _st("distributed_init", "stalled",
                                            proof="no progress 60 s")),

