@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from vigil.deploy.group import order, plan_group, rollback_steps
+from vigil.deploy.group import order, plan_group, releases, rollback_steps, target_of
 from vigil.desired import groups, inventory
 from vigil.desired.groups import CPU_LAUNCHER, NodeGroup, resolve_group
 from vigil.errors import ConfigError, RefusedError
@@ -265,27 +265,48 @@ def test_a_crash_on_any_node_is_the_groups_crash_naming_the_first() -> None:
     assert gs.proof == "b: status=9/KILL" and gs.phase == "loading_weights"
 
 
-def test_the_origin_is_named_even_before_its_own_reducer_concludes() -> None:
-    # lab, PP=2: lab2's ranks SIGKILLed while loading; its main process logged the chain
-    # line at .486, lab1's rank "Connection closed by peer" at .787 and lab1's reducer
-    # concluded first (a root line) while lab2's waited for a better one
-    worker = WatchState(started_at=0.0, now=101.0, spans=(PhaseSpan("loading_weights", 0.0),),
-                        fatal=(Fatal("unknown", "Exception: WorkerProc initialization "
-                                     "failed", "r", "chain", 100.486),))
-    gs = group_state([
-        NodeView("lab1", 0, _st("loading_weights", "crashed", now=101.5, fatal_at=100.787,
-                                proof="RuntimeError: Connection closed by peer",
-                                cause="unknown")),
-        NodeView("lab2", 1, worker)])
+PEER = ("(Worker_PP0 pid=2101) ERROR 11-30 16:02:47 [multiproc_executor.py:953] RuntimeError: "
+        "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "
+        "closed by peer [127.0.0.1]:9868.")
+
+
+def _worker(fatal_at: float | None, now: float = 101.0) -> WatchState:
+    fatal = () if fatal_at is None else (
+        Fatal("unknown", "Exception: WorkerProc initialization failed", "r", "chain",
+              fatal_at),)
+    return WatchState(started_at=0.0, now=now, spans=(PhaseSpan("loading_weights", 0.0),),
+                      fatal=fatal)
+
+
+def _head_lost_peer(now: float = 101.5) -> WatchState:
+    return _st("loading_weights", "crashed", now=now, fatal_at=100.764, proof=PEER,
+               cause="unknown")
+
+
+def test_the_origin_is_named_not_the_node_that_lost_its_peer() -> None:
+    # lab, PP=2 (2026-11-30 16:02:47): lab2's ranks SIGKILLed while loading; lab1's rank
+    # logged "Connection closed by peer" at .764 and its reducer concluded; lab2's main
+    # process waited for its ranks and logged its own failure at .858, not yet concluded
+    gs = group_state([NodeView("lab1", 0, _head_lost_peer()),
+                      NodeView("lab2", 1, _worker(100.858))])
     assert (gs.verdict, gs.node) == ("crashed", "lab2")
     assert gs.proof == "lab2: Exception: WorkerProc initialization failed"
     assert gs.summary.endswith("; then lab1")
-    # a node with no failure of its own is never the origin
+    # before lab2's own lines arrive the group waits for them (a bounded grace) ...
+    gs = group_state([NodeView("lab1", 0, _head_lost_peer()),
+                      NodeView("lab2", 1, _worker(None))])
+    assert gs.verdict is None and "lab1 lost a peer" in gs.summary
+    # ... and past it names the node that did fail
+    gs = group_state([NodeView("lab1", 0, _head_lost_peer(now=130.0)),
+                      NodeView("lab2", 1, _worker(None, now=130.0))])
+    assert (gs.verdict, gs.node) == ("crashed", "lab1")
+    # a failure of its own on a node wins over an earlier one that only lost a peer, and
+    # among failures of their own the earliest wins
     gs = group_state([
-        NodeView("lab1", 0, _st("loading_weights", "crashed", now=101.5, fatal_at=100.787,
-                                proof="x", cause="unknown")),
-        NodeView("lab2", 1, _st("loading_weights", now=90.0))])
-    assert gs.node == "lab1"
+        NodeView("a", 0, _st("loading_weights", "crashed", now=101.5, fatal_at=100.5,
+                             proof="x", cause="unknown")),
+        NodeView("b", 1, _worker(100.9))])
+    assert gs.node == "a"
 
 
 def test_a_node_that_never_joins_is_a_stall_in_distributed_init_naming_it() -> None:
@@ -442,15 +463,42 @@ def test_a_node_is_never_deployed_or_verified_alone() -> None:
     assert "invoke group.deploy --name glm-native" in str(exc.value)
 
 
-def test_deploying_a_ray_group_is_refused_before_any_host() -> None:
-    from vigil.deploy.apply import Options
-    from vigil.deploy.group import deploy_group
-    from vigil.report import Log
-
+def test_a_ray_group_starts_the_cluster_then_vllm_and_restarts_as_one() -> None:
     g = resolve_group(inventory.load(GOLDEN / "inventory"), "glm-ray", operator_env=ENV)
-    with pytest.raises(ConfigError) as exc:
-        deploy_group(g, Options(), Log(io.StringIO()))
-    assert "backend ray is not supported yet" in str(exc.value)
+    assert [(n, u) for n, u, _ in releases(g)] == [
+        ("gpu-c", "ray"), ("gpu-d", "ray"), ("gpu-c", "vllm")]
+    plan = plan_group(g, {"gpu-c/ray": False, "gpu-d/ray": True, "gpu-c": False})
+    assert [(s.key, s.restart) for s in plan.steps] == [
+        ("gpu-c/ray", True), ("gpu-d/ray", True), ("gpu-c", True)]
+    assert "the group restarts together (gpu-d/ray changed)" in plan.steps[0].reason
+    assert plan.describe()[1] == "apply gpu-d/ray (restart): changed"
+    with pytest.raises(ValueError, match="no plan for gpu-c/ray"):
+        plan_group(g, {"gpu-d/ray": True, "gpu-c": False})
+    # rollback restores the cluster first, then vLLM on it; native goes workers first
+    back = rollback_steps(g, {"gpu-c/ray": True, "gpu-d/ray": True, "gpu-c": True})
+    assert [s.key for s in back] == ["gpu-c/ray", "gpu-d/ray", "gpu-c"]
+    assert [s.key for s in rollback_steps(g, {"gpu-c": True})] == ["gpu-c"]
+
+
+def test_a_ray_unit_is_a_release_of_its_own() -> None:
+    g = resolve_group(inventory.load(GOLDEN / "inventory"), "glm-ray", operator_env=ENV)
+    head, worker = g.nodes
+    assert head.ray is not None and worker.ray is not None
+    t = worker.ray.target
+    step = rollback_steps(g, {"gpu-d/ray": True})[0]
+    assert target_of(g, step) is t
+    # its own unit, env file, backup and lock; the group's environment; no GPU checks or
+    # watch of its own (the group's verify judges it)
+    assert t.vars.service == "vllm-ray" and t.rendered.unit_text == worker.ray.text
+    assert t.rendered.paths.unit == "/etc/systemd/system/vllm-ray.service"
+    assert t.rendered.paths.env == "/etc/vigil/vllm-ray.env"
+    assert "EnvironmentFile=/etc/vigil/vllm-ray.env" in t.rendered.unit_text
+    assert t.rendered.paths.backup_dir != head.target.rendered.paths.backup_dir
+    assert t.rendered.paths.lock != head.target.rendered.paths.lock
+    assert t.rendered.paths.env_dir == head.target.rendered.paths.env_dir
+    assert not t.takes("preflight") and not t.takes("verify") and t.takes("service")
+    assert target_of(g, plan_group(g, dict.fromkeys(
+        ("gpu-c/ray", "gpu-d/ray", "gpu-c"), False)).steps[2]) is head.target
 
 
 # -- real journals of a PP=2 group start on the lab (tests/test_group_lab.py, 2026-11-30) --

@@ -4,8 +4,9 @@ driven by the per-host deploy).
 The plan is a pure function of the group and what each node's own plan would change:
 
 - a change on any node restarts every node (vLLM's ranks start and die together);
-- native: the head first, then the workers join it in rank order; ray: the Ray head, the
-  Ray workers, then vLLM on the head;
+- native: the head first, then the workers join it in rank order; ray: the Ray head's unit,
+  the Ray workers' units, then vLLM on the head (each Ray unit is a release of its own:
+  its unit and env file, backup and lock, on the group's environment);
 - a failure on any node fails the group and stops the rollout there; rollback puts every
   node this deploy changed back (workers first, the head last, so nothing joins a
   half-restored head).
@@ -19,7 +20,8 @@ from dataclasses import dataclass, replace
 
 from vigil.deploy.apply import Options, deploy_host
 from vigil.desired.groups import NodeGroup
-from vigil.errors import ConfigError, VigilError
+from vigil.desired.targets import Target
+from vigil.errors import VigilError
 from vigil.report import HostResult, Log
 
 
@@ -29,6 +31,16 @@ class Step:
     what: str  # apply | rollback
     restart: bool
     reason: str
+    unit: str = "vllm"  # vllm | ray (the node's Ray unit)
+
+    @property
+    def key(self) -> str:
+        return unit_key(self.node, self.unit)
+
+
+def unit_key(node: str, unit: str) -> str:
+    """A release of the group: a node's vLLM unit (its name), or its Ray unit."""
+    return node if unit == "vllm" else f"{node}/{unit}"
 
 
 @dataclass(frozen=True)
@@ -38,7 +50,7 @@ class GroupPlan:
     restart: bool
 
     def describe(self) -> list[str]:
-        return [f"{s.what} {s.node}{' (restart)' if s.restart else ''}: {s.reason}"
+        return [f"{s.what} {s.key}{' (restart)' if s.restart else ''}: {s.reason}"
                 for s in self.steps]
 
 
@@ -47,36 +59,53 @@ def order(group: NodeGroup) -> tuple[str, ...]:
     return tuple(n.name for n in sorted(group.nodes, key=lambda n: n.rank))
 
 
+def releases(group: NodeGroup) -> tuple[tuple[str, str, Target], ...]:
+    """(node, unit, target) of every release in start order. native: every node's vLLM
+    unit, the head first (its master waits for the workers' ranks); ray: the Ray head's
+    unit, the Ray workers' units, then vLLM on the head (its executor places its workers
+    on the cluster that is up)."""
+    nodes = sorted(group.nodes, key=lambda n: n.rank)
+    if group.spec.backend == "native":
+        return tuple((n.name, "vllm", n.target) for n in nodes)
+    rays = tuple((n.name, "ray", n.ray.target) for n in nodes if n.ray is not None)
+    return (*rays, (group.head.name, "vllm", group.head.target))
+
+
 def plan_group(group: NodeGroup, changes: Mapping[str, bool], *,
                force_restart: bool = False) -> GroupPlan:
-    """What the group's deploy does, in order. ``changes``: node -> its own plan changes
-    something. Every node is applied (a no-op where nothing differs); all restart when
-    any changed."""
-    missing = [n for n in group.names if n not in changes]
+    """What the group's deploy does, in order. ``changes``: release (``unit_key``) -> its
+    own plan changes something. Every release is applied (a no-op where nothing differs);
+    all restart when any changed."""
+    keys = [unit_key(node, unit) for node, unit, _ in releases(group)]
+    missing = [k for k in keys if k not in changes]
     if missing:
-        raise ValueError(f"no plan for node {missing[0]}")
-    changed = [n for n in group.names if changes[n]]
+        raise ValueError(f"no plan for {missing[0]}")
+    changed = [k for k in keys if changes[k]]
     restart = force_restart or bool(changed)
     steps = []
-    for name in order(group):
+    for node, unit, _ in releases(group):
+        key = unit_key(node, unit)
         if not restart:
             reason = "nothing to do"
-        elif changes[name]:
+        elif changes[key]:
             reason = "changed"
         elif force_restart:
             reason = "--restart"
         else:
             reason = f"the group restarts together ({', '.join(changed)} changed)"
-        steps.append(Step(name, "apply", restart, reason))
+        steps.append(Step(node, "apply", restart, reason, unit))
     return GroupPlan(group.spec.name, tuple(steps), restart)
 
 
 def rollback_steps(group: NodeGroup, applied: Mapping[str, bool]) -> tuple[Step, ...]:
-    """After a failure: every node whose release this deploy replaced goes back, workers
-    first and the head last."""
-    back = [n for n in reversed(order(group)) if applied.get(n)]
-    return tuple(Step(n, "rollback", True, "the group failed: previous release back")
-                 for n in back)
+    """After a failure: every release this deploy replaced goes back. native: workers
+    first, the head last, so nothing joins a half-restored head; ray: the start order
+    (the Ray head, the Ray workers, then vLLM, which places its workers on the restored
+    cluster)."""
+    seq = releases(group) if group.spec.backend == "ray" else tuple(reversed(releases(group)))
+    back = [(node, unit) for node, unit, _ in seq if applied.get(unit_key(node, unit))]
+    return tuple(Step(n, "rollback", True, "the group failed: previous release back", u)
+                 for n, u in back)
 
 
 @dataclass
@@ -91,31 +120,25 @@ class GroupResult:
     seconds: float = 0.0
 
 
-Rollback = Callable[[str], None]
+Rollback = Callable[[Step], None]
 
 
 def deploy_group(group: NodeGroup, opts: Options, log: Log,
                  rollback: Rollback | None = None) -> GroupResult:
-    """Check every node, plan the group, apply node by node in order, each without its
-    own wait (the group is verified as one: vigil.verify.group). ``rollback(node)`` puts a
-    node's previous release back; with it a failure rolls every changed node back."""
-    if group.spec.backend == "ray":
-        # its Ray units are rendered and checked, not yet planned into the release
-        raise ConfigError(
-            f"node group {group.spec.name}: deploying backend ray is not supported yet",
-            file=group.file, key="backend",
-            fix=f"invoke group.render --name {group.spec.name} shows its units; use "
-            "backend: native to deploy")
+    """Check every release, plan the group, apply release by release in order, each
+    without its own wait (the group is verified as one: vigil.verify.group).
+    ``rollback(step)`` puts a release back; with it a failure rolls every changed one
+    back."""
     started = time.monotonic()
-    targets = {n.name: n.target for n in group.nodes}
-    checks = {name: deploy_host(t, replace(opts, check=True, wait=False), log)
-              for name, t in targets.items()}
+    targets = {unit_key(node, unit): t for node, unit, t in releases(group)}
+    checks = {key: deploy_host(t, replace(opts, check=True, wait=False), log)
+              for key, t in targets.items()}
     failed = [r for r in checks.values() if r.status == "failed"]
     if failed:
         return GroupResult(group.spec.name, "failed", list(checks.values()),
                            failed_node=failed[0].host, error=failed[0].error,
                            seconds=round(time.monotonic() - started, 2))
-    plan = plan_group(group, {n: r.status == "changed" for n, r in checks.items()},
+    plan = plan_group(group, {k: r.status == "changed" for k, r in checks.items()},
                       force_restart=opts.restart)
     for line in plan.describe():
         log(group.spec.name, ("would " if opts.check else "") + line)
@@ -127,11 +150,11 @@ def deploy_group(group: NodeGroup, opts: Options, log: Log,
     applied: dict[str, bool] = {}
     out = GroupResult(group.spec.name, "ok", results, plan)
     for step in plan.steps:
-        res = deploy_host(targets[step.node], replace(opts, restart=step.restart, wait=False),
+        res = deploy_host(targets[step.key], replace(opts, restart=step.restart, wait=False),
                           log)
         results.append(res)
-        # only a node whose files this deploy replaced has a release to go back to
-        applied[step.node] = checks[step.node].status == "changed"
+        # only a release whose files this deploy replaced has one to go back to
+        applied[step.key] = checks[step.key].status == "changed"
         if res.status == "failed":
             out.status, out.failed_node, out.error = "failed", step.node, res.error
             break
@@ -140,12 +163,21 @@ def deploy_group(group: NodeGroup, opts: Options, log: Log,
     if out.status == "failed" and rollback is not None:
         done = []
         for back in rollback_steps(group, applied):
-            log(group.spec.name, f"rollback {back.node}: {back.reason}")
+            log(group.spec.name, f"rollback {back.key}: {back.reason}")
             try:
-                rollback(back.node)
-                done.append(back.node)
+                rollback(back)
+                done.append(back.key)
             except VigilError as exc:
-                log(group.spec.name, f"rollback of {back.node} FAILED: {exc}")
+                log(group.spec.name, f"rollback of {back.key} FAILED: {exc}")
         out.rolled_back = tuple(done)
     out.seconds = round(time.monotonic() - started, 2)
     return out
+
+
+def release_keys(group: NodeGroup) -> tuple[str, ...]:
+    return tuple(unit_key(n, u) for n, u, _ in releases(group))
+
+
+def target_of(group: NodeGroup, step: Step) -> Target:
+    """The release a step acts on (its vLLM or Ray unit's target)."""
+    return {unit_key(n, u): t for n, u, t in releases(group)}[step.key]

@@ -38,6 +38,7 @@ from vigil.desired.render import (
     TEMPLATES,
     _environment,
     _render,
+    paths_for,
     render,
     systemd_quote,
     vllm_argv,
@@ -104,6 +105,9 @@ class RayUnit:
     path: str
     text: str
     argv: tuple[str, ...]
+    # The unit as a release of its own (its unit, env file, backup and lock, the group's
+    # environment), so deploy, restart and rollback handle it like a vLLM unit.
+    target: Target
 
 
 @dataclass(frozen=True)
@@ -315,8 +319,11 @@ def ray_argv(group: NodeGroupSpec, master_addr: str, t: Target, rank: int) -> li
 def render_ray(group: NodeGroupSpec, master_addr: str, t: Target, rank: int,
                note: str, template_dir: Path) -> RayUnit:
     argv = ray_argv(group, master_addr, t, rank)
-    paths = t.rendered.paths
     unit = f"{t.vars.service}-ray"
+    # no preflight (no GPU of its own to judge) and no verify (the group's verify judges it)
+    ray_vars = t.vars.model_copy(update={
+        "service": unit, "roles": [r for r in t.vars.roles if r in ("runtime", "service")]})
+    paths = paths_for(ray_vars, t.stack)
     context: Mapping[str, object] = {
         "managed_banner": BANNER, "node_note": note, "group": group.name,
         "ray_role": "head" if rank == 0 else f"worker {rank}", "host": t.vars,
@@ -329,7 +336,9 @@ def render_ray(group: NodeGroupSpec, master_addr: str, t: Target, rank: int,
         "limit_nofile": t.vars.limit_nofile,
     }
     text = _render(_environment(template_dir), "ray.service.j2", context)
-    return RayUnit(f"{unit}.service", f"{t.vars.unit_dir}/{unit}.service", text, tuple(argv))
+    target = replace(t, vars=ray_vars, roles=(), gpus_needed=None,
+                     rendered=replace(t.rendered, paths=paths, unit_text=text))
+    return RayUnit(f"{unit}.service", paths.unit, text, tuple(argv), target)
 
 
 def resolve_group(

@@ -4,7 +4,7 @@ library call and reports."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from invoke.collection import Collection
@@ -13,7 +13,13 @@ from invoke.tasks import task
 
 from vigil.deploy import apply as deploy_mod
 from vigil.deploy import service
-from vigil.deploy.group import deploy_group, order, rollback_steps
+from vigil.deploy.group import (
+    Step,
+    deploy_group,
+    release_keys,
+    rollback_steps,
+    target_of,
+)
 from vigil.desired import review
 from vigil.desired.groups import NodeGroup, resolve_group
 from vigil.exitcodes import ExitCode
@@ -65,12 +71,11 @@ def _watch(c: Context, g: NodeGroup, log: Log, settings: Settings) -> int:
     return int(VERDICT_EXIT.get(gs.verdict, ExitCode.FAILED))
 
 
-def _rollback(c: Context, g: NodeGroup, log: Log, nodes: list[str]) -> None:
-    targets = {n.name: n.target for n in g.nodes}
+def _rollback(c: Context, g: NodeGroup, log: Log, steps: Sequence[Step]) -> None:
     settings, state_dir = watch_settings(c), setting(c, "state_dir")
-    for name in nodes:
-        hv = targets[name].vars
-        with connect(name, hv) as transport:
+    for step in steps:
+        hv = target_of(g, step).vars  # a Ray unit's vars name its own release
+        with connect(step.node, hv) as transport:
             service.rollback(transport, hv, wait=False, settings=settings,
                              state_dir=state_dir, log=log)
 
@@ -92,7 +97,7 @@ def deploy(c: Context, name: str, check: bool = False, restart: bool = False,
         opts = deploy_mod.Options(check=check, restart=restart, wait=False,
                                   state_dir=setting(c, "state_dir"))
         result = deploy_group(g, opts, log, rollback=(
-            (lambda node: _rollback(c, g, log, [node])) if rollback_failed else None))
+            (lambda step: _rollback(c, g, log, [step])) if rollback_failed else None))
         log(name, f"group {result.status}" + (f" at {result.failed_node}: {result.error}"
                                               if result.failed_node else ""))
         if result.status == "failed":
@@ -102,10 +107,11 @@ def deploy(c: Context, name: str, check: bool = False, restart: bool = False,
             return
         code = _watch(c, g, log, watch_settings(c, stall=stall))
         if code and rollback_failed:
-            back = [s.node for s in rollback_steps(
-                g, {n: r.status == "changed" for n, r in
-                    zip(order(g), result.nodes, strict=False)})]
-            log(name, f"the group did not come up: rolling back {', '.join(back)}")
+            assert result.plan is not None
+            back = rollback_steps(g, {s.key: r.status == "changed" for s, r in
+                                      zip(result.plan.steps, result.nodes, strict=False)})
+            log(name, "the group did not come up: rolling back "
+                + ", ".join(s.key for s in back))
             _rollback(c, g, log, back)
     exit_with([code])
 
@@ -144,12 +150,12 @@ def render(c: Context, name: str, out: str = "rendered", set_: list[str] | None 
 
 @task(help={"name": NAME_HELP})
 def rollback(c: Context, name: str) -> None:
-    """Put every node's previous release back (workers first, the head last) and verify
-    the group."""
+    """Put every release of the group back (native: workers first, the head last; ray:
+    the Ray head, the Ray workers, then vLLM) and verify the group."""
     with user_errors():
         g = _resolve(c, name, None)
         log = Log(width=max(len(n) for n in (*g.names, name)))
-        _rollback(c, g, log, list(reversed(order(g))))
+        _rollback(c, g, log, rollback_steps(g, dict.fromkeys(release_keys(g), True)))
         code = _watch(c, g, log, watch_settings(c))
     exit_with([code])
 

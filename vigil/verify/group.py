@@ -15,6 +15,7 @@ module only combines the states:
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
@@ -69,6 +70,20 @@ def _failed_at(st: WatchState) -> float:
     return min((f.at for f in st.fatal), default=st.now or 0.0)
 
 
+# A rank that lost its peer (the peer died or was killed): the failure began elsewhere.
+# gloo: "[…/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:9868"
+# (the lab's PP=2 head when its worker was SIGKILLed); NCCL/TCPStore: reset/broken pipe.
+PEER_LOST = re.compile(r"Connection (?:closed|reset) by peer|Broken pipe|remote process exited")
+# How long a node that lost a peer waits for the origin's own lines before it is named.
+PEER_GRACE_S = 15.0
+
+
+def _peer_lost(st: WatchState) -> bool:
+    live = [f for f in st.fatal if not f.after_stop]
+    return any(PEER_LOST.search(f.proof) for f in live) or (
+        st.verdict == "crashed" and st.proof is not None and bool(PEER_LOST.search(st.proof)))
+
+
 def has_joined(v: NodeView) -> bool:
     """Past distributed_init: its ranks are in the process groups."""
     if not v.started:
@@ -94,12 +109,21 @@ def group_state(nodes: Sequence[NodeView]) -> GroupState:
 
     crashed = [v for v in ordered if v.started and v.state.verdict == "crashed"]
     if crashed:
-        # The origin is the earliest failure on any node. A killed peer reaches the others
-        # as their own errors (gloo: "Connection closed by peer"), and a survivor's
-        # reducer may conclude first while the origin's still waits for a better line.
+        # The origin is the node that failed on its own. A killed peer reaches the others
+        # as their own errors ("Connection closed by peer"), often logged and judged
+        # before the origin's own lines (its main process waits for its ranks first).
         failing = [v for v in ordered if v.started and (
             v.state.verdict == "crashed" or any(not f.after_stop for f in v.state.fatal))]
-        first = min(failing, key=lambda v: (_failed_at(v.state), v.rank))
+        own = [v for v in failing if not _peer_lost(v.state)]
+        if not own:
+            seen = max((v.state.now or 0.0) for v in ordered if v.started)
+            quiet = [v.name for v in ordered if v.started and v not in failing]
+            if quiet and seen - min(_failed_at(v.state) for v in failing) < PEER_GRACE_S:
+                return GroupState(
+                    phase, None, None, None, None, None, joined, missing, phases,
+                    f"{', '.join(v.name for v in failing)} lost a peer; waiting for the "
+                    f"origin's own failure ({', '.join(quiet)})")
+        first = min(own or failing, key=lambda v: (_failed_at(v.state), v.rank))
         st = first.state
         if st.verdict == "crashed":
             cause, proof, remedy = st.cause, st.proof, st.remedy
