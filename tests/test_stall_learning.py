@@ -140,3 +140,40 @@ def test_a_sigstopped_compile_is_stalled_within_the_learned_window() -> None:
     long = frozen_tail(snaps, DEFAULT_STALL_S["compiling"] + 10.0)
     default = replay.run(long, Budgets())
     assert default.verdict == "stalled" and default.cause == "stalled_compiling"
+
+
+def verdicts(snaps: list[Snapshot], budgets: Budgets) -> tuple[reducer.WatchState, set[str]]:
+    st, seen = reducer.initial(), set()
+    for snap in snaps:
+        st = reducer.step(st, snap, budgets)
+        seen.add(str(st.verdict))
+    return st, seen
+
+
+def test_a_real_spinning_compile_is_stalled_within_the_learned_window() -> None:
+    """lab-spin-stalled: the real vLLM CPU build, its worker busy-looping in the compile
+    (lab/plugins/vigil_lab_stall), recorded by test_stall_learning_live.py: CPU 1x wall,
+    the cache flat and the log frozen are no progress."""
+    learned = plan_budgets([recorded(n)[1] for n in LAB_READY], KEY).budgets
+    _, snaps = replay.load(TRACES / "lab-spin-stalled.jsonl")
+    st = replay.run(snaps, learned)
+    assert (st.verdict, st.cause) == ("stalled", "stalled_compiling")
+    assert "CPU 1.0\u00d7 wall, cache +0 files" in (st.proof or "")
+    assert "vigil-lab-stall: spinning in compiling" in (st.proof or "")
+    # the default window (8 min) has not run out by the end of the recording
+    assert replay.run(snaps, Budgets()).verdict is None
+
+
+def test_a_real_slow_compile_that_progresses_is_slow_then_ready() -> None:
+    """lab-slow-compile-ready: the plugin slept 60 s in 5 s steps in the compile, writing a
+    cache file at each, then compiled (84 s). Budgets as that run learned them from its
+    three good starts (compile 60 s, window 60 s): slow, never stalled or timed out."""
+    base = Budgets()
+    learned = replace(base, phase_s={**base.phase_s, "compiling": 60.0},
+                      stall_s={**base.stall_s, "compiling": 60.0},
+                      learned=frozenset({"compiling"}))
+    _, snaps = replay.load(TRACES / "lab-slow-compile-ready.jsonl")
+    st, seen = verdicts(snaps, learned)
+    assert st.verdict == "ready" and "slow" in seen
+    assert not {"stalled", "timed_out"} & seen
+    assert any("compiling past its budget 1:00 (learned)" in w for w in st.warnings)

@@ -13,8 +13,8 @@ reusing that history (no more good starts are paid for):
   compile-cache file at each, for as long as the learned compile budget) is `slow`,
   then `ready`, never `stalled` or `timed_out`;
 * with the history put aside (no history) the same spin is `stalled` at the default
-  window — which this test shortens for its host to 90 s with the verify role's
-  `stall_window_s` (`--set 'stall_window_s={compiling: 90}'`), instead of waiting 8
+  window — which this test shortens for its host to 75 s with the verify role's
+  `stall_window_s` (`--set 'stall_window_s={compiling: 75}'`), instead of waiting 8
   minutes; the rule is the same, only the number is smaller.
 
 No `--stall` override anywhere. Uses lab5 like test_verify_live.py, one start at a time;
@@ -64,7 +64,7 @@ KILL_STUCK = ("systemctl stop --no-block vllm; sleep 0.5; "
               "for i in $(seq 20); do P=$(cat $CG 2>/dev/null); [ -z \"$P\" ] && break; "
               f"kill -9 $P 2>/dev/null; sleep 0.5; done; {STOP}")
 SPIN_LINE = "vigil-lab-stall: spinning in compiling"
-NO_HISTORY_WINDOW_S = 90.0
+NO_HISTORY_WINDOW_S = 75.0
 
 
 @pytest.fixture(scope="module")
