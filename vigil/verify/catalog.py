@@ -408,6 +408,19 @@ CAUSES: tuple[Cause, ...] = (
         frames=frozenset({"_run_ninja_build"}),
     ),
     Cause(
+        "platform_not_detected",
+        # config DeviceConfig: current_platform is UnspecifiedPlatform (vLLM logs "No
+        # platform detected" first): no GPU visible to the process, or NVML/torch broken
+        (r"Failed to infer device type",),
+        ("0.6", "0.7", "0.8"),
+        "vLLM found no GPU platform: make the GPUs visible to the service (nvidia-smi as the "
+        "service's user; a container needs the NVIDIA runtime / --gpus; check "
+        "CUDA_VISIBLE_DEVICES), and if they are, repair the environment (torch built for "
+        "CUDA, a working pynvml/nvidia-ml-py); VLLM_LOGGING_LEVEL=DEBUG says why detection "
+        "failed",
+        reached="bootstrap",
+    ),
+    Cause(
         "cuda_driver_mismatch",
         (r"CUDA driver version is insufficient for CUDA runtime version"
          r"|The NVIDIA driver on your system is too old"
