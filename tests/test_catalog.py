@@ -234,6 +234,7 @@ FATALS = [
      "raised:"),
     ("config_invalid", "Value error, max_num_batched_tokens (8192) is smaller than "
      "max_model_len (128000)."),
+    ("platform_not_detected", "RuntimeError: Failed to infer device type"),
 ]
 
 
