@@ -1,7 +1,10 @@
 """Verify on a real lab host running the real vLLM CPU build (systemd, journald, sshd).
 
 Every start here is a real `systemctl restart` of the unit vigil deployed; the watcher
-polls it over SSH exactly as `invoke verify` does. Faults are real too: SIGSTOP of the
+follows it over SSH exactly as `invoke verify` does (streaming; the operator stop and
+restart tests poll, so `--probe poll` stays proven live too). One streamed start has its
+stream process killed mid-start (the channel must resume without a line lost or twice)
+and then the engine core killed with -9. Faults are real too: SIGSTOP of the
 worker process mid-compile, `kill -9` of the engine, a hand-edited unit whose
 max-model-len the model cannot serve, and a CPU quota that slows the start.
 
