@@ -202,10 +202,11 @@ def assert_spun_and_stalled(out: Outcome, window: float) -> None:
           f"{sorted(ev.cache_files)}, stalled {st.now - ev.at:.1f} s after the spin began "
           f"(window {window:.0f} s); proof: {st.proof}")
     # the plugin loaded in the API server, the engine core and the worker, armed in the
-    # worker, and really spun: a core busy (SIGSTOP shows 0), the cache flat, the log
+    # worker, and really spun: a core busy (SIGSTOP shows 0; measured 0.99-1.00 on an
+    # idle machine, 0.68 with other work on the 2 shared cores), the cache flat, the log
     # frozen but for the engine's shared-memory warnings (noise, not progress)
     assert ev.loaded_in == 3 and ev.armed_in_worker
-    assert ev.cpu_per_wall >= 0.6
+    assert ev.cpu_per_wall >= 0.4
     assert len(ev.cache_files) == 1
     assert all("No available shared memory broadcast block" in t for t in ev.after), ev.after
     assert window <= st.now - ev.at <= window + 3 * POLL_S
