@@ -15,6 +15,7 @@ import shlex
 import shutil
 import subprocess
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,15 @@ from vigil.desired.groups import CPU_LAUNCHER, NodeGroup, resolve_group
 from vigil.errors import ConfigError, RefusedError
 from vigil.verify import replay
 from vigil.verify.budgets import BudgetKey, Budgets
-from vigil.verify.group import GroupState, NodeView, group_key, group_state, watch_group
+from vigil.verify.group import (
+    GroupState,
+    NodeView,
+    RayJoin,
+    group_key,
+    group_state,
+    ray_alive_nodes,
+    watch_group,
+)
 from vigil.verify.reducer import Fatal, PhaseSpan, WatchState, initial, step
 from vigil.verify.snapshot import Smoke, Snapshot, Unit
 
@@ -537,3 +546,56 @@ def test_real_pp2_journals_while_the_worker_installs() -> None:
     worker = _node_state("lab2-worker-pp2-ready.log", until="13:11:00")
     gs = group_state([NodeView("lab1", 0, head), NodeView("lab2", 1, worker)])
     assert gs.verdict is None and gs.joined == ("lab1", "lab2")
+
+
+# -- a Ray group's cluster -----------------------------------------------------------
+
+RAY_STATUS = """======== Autoscaler status: 2026-11-30 16:18:00.000000 ========
+Node status
+---------------------------------------------------------------
+Active:
+ 1 node_5f3a
+ 1 node_9c1e
+Idle:
+ (no idle nodes)
+Pending:
+ (no pending nodes)
+Recent failures:
+ (no failures)
+
+Resources
+---------------------------------------------------------------
+Total Usage:
+ 0.0/2.0 CPU
+"""
+
+
+def test_ray_status_counts_the_live_nodes() -> None:
+    assert ray_alive_nodes(RAY_STATUS) == 2
+    one = RAY_STATUS.replace(" 1 node_9c1e\n", "")
+    assert ray_alive_nodes(one) == 1
+    # before Ray 2.6 the section was "Healthy:"; a pending or failed node is not alive
+    old = RAY_STATUS.replace("Active:", "Healthy:").replace(
+        " (no failures)", " 10.0.0.12: worker")
+    assert ray_alive_nodes(old) == 2
+    assert ray_alive_nodes("ConnectionError: Could not find any running Ray instance.") is None
+
+
+def test_a_ray_group_is_ready_only_with_every_node_in_the_cluster() -> None:
+    ready = replace(_st("ready"), verdict="ready", health_ok=True)
+    head = [NodeView("gpu-c", 0, ready)]
+    gs = group_state(head, RayJoin(1, 2))
+    assert gs.verdict is None and gs.summary.endswith("ray: 1/2 nodes alive")
+    assert group_state(head, RayJoin(None, 2, "no cluster")).summary.endswith(
+        "ray: ?/2 nodes alive")
+    assert group_state(head, RayJoin(2, 2)).verdict == "ready"
+
+
+def test_watch_group_of_ray_waits_for_the_cluster() -> None:
+    head_probe, head_smoke = _replaying("lab-cold-ready.jsonl")
+    alive = iter([1, 1, 2] + [2] * 10_000)
+    out = watch_group({"a": head_probe}, {"a": 0}, head_smoke, Budgets(), poll_s=0,
+                      sleep=lambda s: None, ray_check=lambda: RayJoin(next(alive), 2))
+    final = out.history[-1]
+    assert final.verdict == "ready"
+    assert "ray: 1/2 nodes alive" in out.history[0].summary

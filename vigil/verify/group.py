@@ -24,7 +24,8 @@ from functools import partial
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from vigil.transport.ssh import connect, privileged
+from vigil.errors import VigilError
+from vigil.transport.ssh import Transport, connect, privileged
 from vigil.verify import history
 from vigil.verify.budgets import BudgetKey, Budgets, HistoryRecord, phase_defaults, plan_budgets
 from vigil.verify.reducer import PHASES, TERMINAL, WatchState, initial, phase_durations, step
@@ -84,6 +85,44 @@ def _peer_lost(st: WatchState) -> bool:
         st.verdict == "crashed" and st.proof is not None and bool(PEER_LOST.search(st.proof)))
 
 
+@dataclass(frozen=True)
+class RayJoin:
+    """A Ray group's cluster as `ray status` on the head shows it."""
+
+    alive: int | None  # None: the cluster did not answer (not up yet, or down)
+    expected: int
+    error: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.alive is not None and self.alive >= self.expected
+
+
+_RAY_SECTION = re.compile(r"^(Active|Healthy|Idle|Pending|Recent failures):\s*$")
+_RAY_NODE = re.compile(r"^\s+(\d+)\s+\S")
+
+
+def ray_alive_nodes(text: str) -> int | None:
+    """Live nodes in `ray status` output: the counts under `Active:` and `Idle:` (Ray 2.x;
+    `Healthy:` before 2.6), e.g. ` 1 node_5f3…`. None when the output has no node status
+    (the cluster did not answer)."""
+    section: str | None = None
+    alive = 0
+    seen = False
+    for line in text.splitlines():
+        m = _RAY_SECTION.match(line.strip())
+        if m:
+            section, seen = m.group(1), True
+            continue
+        if not line.strip():
+            section = None
+            continue
+        n = _RAY_NODE.match(line)
+        if n and section in ("Active", "Healthy", "Idle"):
+            alive += int(n.group(1))
+    return alive if seen else None
+
+
 def has_joined(v: NodeView) -> bool:
     """Past distributed_init: its ranks are in the process groups."""
     if not v.started:
@@ -91,7 +130,9 @@ def has_joined(v: NodeView) -> bool:
     return v.state.verdict == "ready" or _rank(v.state.phase) > _rank(JOIN_PHASE)
 
 
-def group_state(nodes: Sequence[NodeView]) -> GroupState:
+def group_state(nodes: Sequence[NodeView], ray: RayJoin | None = None) -> GroupState:
+    """``ray``: a Ray group's cluster; its nodes join the cluster, not vLLM's ranks (vLLM
+    runs on the head only), so ready also needs every Ray node alive."""
     if not nodes:
         raise ValueError("a group has nodes")
     ordered = sorted(nodes, key=lambda v: v.rank)
@@ -140,7 +181,7 @@ def group_state(nodes: Sequence[NodeView]) -> GroupState:
         v = stopped[0]
         return done("stopped", v, None, f"{v.name}: {v.state.proof}", None,
                     f"node {v.name} was stopped", at_phase=v.state.phase)
-    workers_up = all(has_joined(v) for v in ordered[1:])
+    workers_up = all(has_joined(v) for v in ordered[1:]) and (ray is None or ray.complete)
     if head.state.verdict == "ready" and workers_up:
         return done("ready", None, None, head.state.proof, None,
                     f"ready: {len(ordered)} nodes joined, served through {head.name}",
@@ -174,6 +215,9 @@ def group_state(nodes: Sequence[NodeView]) -> GroupState:
         summary = f"{phase} (least advanced: {least.name})"
     if never:
         summary += f"; not running: {', '.join(never)}"
+    if ray is not None:
+        summary += f"; ray: {'?' if ray.alive is None else ray.alive}/{ray.expected} " \
+            "nodes alive"
     return GroupState(phase, None, None, None, None, None, joined, missing, phases, summary)
 
 
@@ -214,6 +258,7 @@ def watch_group(
     on_poll: Callable[[GroupState], None] | None = None,
     deadline_s: float | None = None,
     traces: Mapping[str, IO[str]] | None = None,
+    ray_check: Callable[[], RayJoin] | None = None,
 ) -> GroupWatch:
     """Poll every node once per round, fold its snapshot through its own reducer, and
     stop at the group's terminal verdict. The smoke goes to the head only, once its
@@ -243,7 +288,7 @@ def watch_group(
             views[name] = NodeView(name, ranks[name], st, started=True)
             if snap.journal.cursor:
                 cursors[name] = snap.journal.cursor
-        gs = group_state(list(views.values()))
+        gs = group_state(list(views.values()), ray_check() if ray_check else None)
         out.history.append(gs)
         if on_poll is not None:
             on_poll(gs)
@@ -271,7 +316,8 @@ def verify_group(
         probes = {}
         transports = {}
         head_poller: Poller | None = None
-        for node in group.nodes:
+        # a Ray group's workers run no vLLM: they join the Ray cluster (ray_check)
+        for node in (n for n in group.nodes if n.serves):
             t = node.target
             transport = stack.enter_context(connect(t.name, t.vars))
             transports[node.name] = transport
@@ -305,9 +351,13 @@ def verify_group(
         traces = None
         if state_dir is not None:
             traces = {n: stack.enter_context(_open(trace_path(state_dir, n))) for n in probes}
-        out = watch_group(probes, {n.name: n.rank for n in group.nodes}, head_poller.smoke,
-                          budgets, poll_s=settings.poll_s or POLL_S, on_poll=on_poll,
-                          deadline_s=deadline_s, traces=traces)
+        ray_check = None
+        if group.spec.backend == "ray":
+            ray_check = partial(_ray_join, transports[head.name], group)
+        out = watch_group(probes, {n.name: n.rank for n in group.nodes if n.serves},
+                          head_poller.smoke, budgets, poll_s=settings.poll_s or POLL_S,
+                          on_poll=on_poll, deadline_s=deadline_s, traces=traces,
+                          ray_check=ray_check)
         final = out.history[-1]
         st = out.nodes[head.name].state
         if mirror is not None and key is not None and final.verdict is not None \
@@ -323,6 +373,19 @@ def verify_group(
             history.append_host(transports[head.name], head.vars, rec)
             mirror.add([rec])
         return out
+
+
+def _ray_join(transport: Transport, group: NodeGroup) -> RayJoin:
+    """`ray status` on the head, against the group's Ray head address."""
+    t = group.head.target
+    command = privileged(f"{t.rendered.paths.current}/bin/ray status "
+                         f"--address={group.master_addr}:{group.spec.ray_port}", t.vars)
+    try:
+        r = transport.run(command, timeout=120)
+    except VigilError as exc:
+        return RayJoin(None, len(group.nodes), str(exc))
+    err = None if r.exit_status == 0 else (r.stderr.strip()[-300:] or f"exit {r.exit_status}")
+    return RayJoin(ray_alive_nodes(r.stdout), len(group.nodes), err)
 
 
 def _privileged(command: str, host: HostVars) -> str:
