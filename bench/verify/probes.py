@@ -135,7 +135,8 @@ def one_start(host: str, index: int, fault: str | None) -> dict[str, Any]:
         lp.join(timeout=45 if fault is None else 1)
     results = {lp.name_: lp.result for lp in loops}
     sh(index, "pkill -f '[v]igil-bench-loop' || true")
-    h.join(timeout=5)
+    if fault is None:
+        h.join(timeout=5)
     sh(index, STOP)
     origin = killed[0] if killed else t_start
     row: dict[str, Any] = {"fault": fault, "measured_from": "kill -9" if killed
@@ -202,10 +203,11 @@ def main() -> None:
     ap.add_argument("--host", default="lab5")
     ap.add_argument("--index", type=int, default=5)
     ap.add_argument("--crashes", type=int, default=5)
+    ap.add_argument("--ready", type=int, default=1, help="ready starts (0: crashes only)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "verify" / "probes.json"))
     args = ap.parse_args()
     rows: list[dict[str, Any]] = []
-    for fault in [None] + ["kill9"] * args.crashes:
+    for fault in [None] * args.ready + ["kill9"] * args.crashes:
         rows.append(one_start(args.host, args.index, fault))
         # partial results survive an interrupted run
         Path(args.out).write_text(json.dumps({"partial": True, "starts": rows}, indent=2))
