@@ -2,17 +2,25 @@
 lab1 (head, API server) and lab2 (headless worker) with vLLM's native multi-node on the
 real vLLM CPU build, deployed and verified as one service.
 
-Each real PP=2 start costs ~100 s+ on 2 cores, so this module has one start: the deploy
-that serves a completion through the head. The faults (a worker engine killed: crashed
-naming lab2; a worker never started: stalled in distributed_init naming lab2) are judged
-from recorded lab journals in tests/test_groups.py; the live fault runs timed out
-stopping the ranks on the shared 2 cores and are not in CI yet. The group uses its own
-unit (vllm-mn) and ports, so the single-host tests' vllm.service on the same hosts is never touched.
+Each real PP=2 start costs ~100 s+ on 2 cores, so this module has two starts: the deploy
+that serves a completion through the head, and one head start that proves both faults —
+first the worker's unit never started (stalled in distributed_init naming lab2), then
+the worker started late, joined, and killed while loading (crashed naming lab2). The
+group uses its own unit (vllm-mn) and ports, so the single-host tests' vllm.service on
+the same hosts is never touched.
+
+Stops are bounded: the group's units get TimeoutStopSec=20 (host var timeout_stop_s) and
+both nodes stop at once. On the lab's systemd-in-nspawn (cgroup v1) a stop otherwise
+waits out the whole TimeoutStopSec (90 s) whenever a process outlives the unit's main
+process (multiprocessing's resource tracker ignores SIGTERM and exits on EOF just after
+it): systemd gets no empty-cgroup event there and ends "failed (Result: timeout)".
 """
 
 from __future__ import annotations
 
 import io
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -48,6 +56,7 @@ groups:
       model: tiny-cpu
       stack: lab-cpu
       restart_sec: 5
+      timeout_stop_s: 20  # see the module's docstring
       overrides: {{pipeline_parallel_size: 2}}
 """
 GROUP_YML = f"""
@@ -77,14 +86,21 @@ def group(lab_hosts: list[lab.HostStatus], tmp_path_factory: pytest.TempPathFact
     return resolve_group(inventory.load(inv), "tiny-pp2", operator_env={})
 
 
+def _stop(i: int) -> None:
+    # [{i}]: the pattern must not match this shell's own command line
+    code, _, err = lab.run(
+        i, f"systemctl stop {UNIT}; for n in $(seq 40); do "
+        f"pgrep -f -- '--port=819[{i}]' >/dev/null || break; sleep 1; done; "
+        f"systemctl reset-failed {UNIT} 2>/dev/null; true", timeout=120)
+    assert code == 0, f"lab{i}: stop {UNIT}: {err}"
+
+
 def _stop_all() -> None:
-    """Workers first, then the head; and wait until the ranks' processes are gone: a unit
-    started again while the last run's processes still exit fails with 219/CGROUP."""
-    for i in (WORKER, HEAD):
-        # [{i}]: the pattern must not match this shell's own command line
-        lab.run(i, f"systemctl stop {UNIT}; for n in $(seq 40); do "
-                f"pgrep -f -- '--port=819[{i}]' >/dev/null || break; sleep 1; done; "
-                f"systemctl reset-failed {UNIT}", timeout=300)  # a stop may take 90 s
+    """Every node at once (no rank waits for another's stop to end), then wait until the
+    ranks' processes are gone: a unit started again while the last run's processes still
+    exit fails with 219/CGROUP."""
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(_stop, (HEAD, WORKER)))
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -124,3 +140,41 @@ def test_group_serves_a_completion_through_the_head(group: NodeGroup, tmp_path: 
     # while starting, the group showed which nodes had joined
     assert any(s.phase in ("bootstrap", "engine_init", "distributed_init", "loading_weights")
                for s in seen)
+
+
+def test_a_missing_worker_stalls_then_a_killed_worker_crashes_naming_it(
+        group: NodeGroup) -> None:
+    """One head start, two faults. The worker's unit is not started: the head waits in
+    distributed_init and the group is stalled there naming lab2 (this test's stall window
+    is 40 s for every phase instead of the defaults: the head's quiet wait at the
+    barrier is the only quiet a start of the tiny model has). Then lab2 starts late and
+    joins the waiting head; once joined, its engine (vLLM's main process and its rank) is
+    SIGKILLed while it loads: the group is crashed naming lab2."""
+    _stop_all()
+    sh(HEAD, f"systemctl start {UNIT}")  # the worker's unit stays stopped
+    stalled = verify_group(group, Settings(poll_s=3, stall_s=40), deadline_s=600).history[-1]
+    assert stalled.verdict == "stalled", stalled
+    assert stalled.phase == "distributed_init" and stalled.node == "lab2", stalled
+    assert "lab2" in stalled.missing and "lab2" not in stalled.joined
+    assert stalled.proof is not None and "lab2: unit not running" in stalled.proof
+
+    killed = threading.Event()
+
+    def kill_during_load(gs: GroupState) -> None:
+        if not killed.is_set() and "lab2" in gs.joined:
+            # the node's engine: its main process and every process it spawned (its rank),
+            # at once (as a node's OOM kill or crash would; `systemctl kill` errors on the
+            # lab's cgroup v1). Only the ranks killed, vLLM's main process first logs its
+            # executor's "[shutdown]", which the reducer reads as an orderly stop.
+            sh(WORKER, f"m=$(systemctl show -p MainPID --value {UNIT}); "
+               "kill -KILL $m $(pgrep -P $m)")
+            killed.set()
+
+    sh(WORKER, f"systemctl start {UNIT}")
+    watch = verify_group(group, Settings(poll_s=2, stall_s=240), on_poll=kill_during_load,
+                         deadline_s=600)
+    final = watch.history[-1]
+    assert killed.is_set(), final
+    assert final.verdict == "crashed", final
+    assert final.node == "lab2" and final.proof is not None and final.proof.startswith(
+        "lab2:"), final
