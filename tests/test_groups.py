@@ -550,29 +550,15 @@ def test_real_pp2_journals_while_the_worker_installs() -> None:
 
 # -- a Ray group's cluster -----------------------------------------------------------
 
-RAY_STATUS = """======== Autoscaler status: 2026-11-30 16:18:00.000000 ========
-Node status
----------------------------------------------------------------
-Active:
- 1 node_5f3a
- 1 node_9c1e
-Idle:
- (no idle nodes)
-Pending:
- (no pending nodes)
-Recent failures:
- (no failures)
-
-Resources
----------------------------------------------------------------
-Total Usage:
- 0.0/2.0 CPU
-"""
+# real: `ray status` on lab1 with Ray 2.60.0, lab1's `ray start --head --block` and lab2's
+# `ray start --address=… --block` as systemd units (2026-11-30; it took 86 s on 2 cores)
+RAY_STATUS = (LOGS / "ray-2.60.0-status-lab1-lab2.txt").read_text()
 
 
 def test_ray_status_counts_the_live_nodes() -> None:
     assert ray_alive_nodes(RAY_STATUS) == 2
-    one = RAY_STATUS.replace(" 1 node_9c1e\n", "")
+    one = RAY_STATUS.replace(
+        " 1 node_a1c6c23db5f0a63240800a68111aaf547d48fb701954cd289b2e008c\n", "")
     assert ray_alive_nodes(one) == 1
     # before Ray 2.6 the section was "Healthy:"; a pending or failed node is not alive
     old = RAY_STATUS.replace("Active:", "Healthy:").replace(
