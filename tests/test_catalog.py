@@ -235,7 +235,16 @@ FATALS = [
     ("config_invalid", "Value error, max_num_batched_tokens (8192) is smaller than "
      "max_model_len (128000)."),
     ("platform_not_detected", "RuntimeError: Failed to infer device type"),
+    ("unsupported_model", "ValueError: InternVLForConditionalGeneration has no vLLM "
+     "implementation and the Transformers implementation is not compatible with vLLM."),
 ]
+
+
+def test_the_transformers_fallback_warning_is_not_fatal() -> None:
+    m = catalog.classify("WARNING 05-01 10:00:00 [registry.py:1] Qwen3ForCausalLM has no vLLM "
+                         "implementation, falling back to Transformers implementation. Some "
+                         "features may not be supported and performance may not be optimal.")
+    assert m.kind != "fatal"
 
 
 def test_the_registry_failing_to_import_is_not_an_unsupported_model() -> None:

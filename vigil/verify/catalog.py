@@ -484,11 +484,17 @@ CAUSES: tuple[Cause, ...] = (
         # model_executor/models/registry.py: the architecture is not in this vLLM's registry.
         # When the name IS in the supported list on the same line, the registry failed to
         # import the model (a broken dependency): not this cause.
-        (r"Model architectures \[(?P<arch>[^\]]*)\] are not supported for now"
-         r"(?!.*Supported architectures:.*(?P=arch))",
+        # (bounded scans: a long hostile line must stay linear)
+        (r"Model architectures \[(?P<arch>[^\]]{0,400})\] are not supported for now"
+         r"(?!\.? ?Supported architectures: [^\]]{0,20000}?(?P=arch))",
          # transformers' AutoConfig: a model_type its CONFIG_MAPPING lacks
          r"has model type `?[\w.\-]+`? but Transformers does not recognize this architecture",
-         r"GGUF model with architecture \S+ is not supported yet"),
+         r"GGUF model with architecture \S+ is not supported yet",
+         # registry / model_loader (0.8+): no vLLM class and the Transformers backend
+         # cannot stand in for it
+         r"has no vLLM implementation and the Transformers implementation is not "
+         r"compatible with vLLM",
+         r"Cannot find model module\. '\S+' is not a registered model in the Transformers"),
         ("0.1", "0.6", "0.10", "0.16"),
         "this vLLM (or its transformers) does not know the model's architecture: upgrade vLLM "
         "(and transformers) to a release that lists the model as supported, or serve a model "
@@ -522,9 +528,9 @@ CAUSES: tuple[Cause, ...] = (
         "broken_install",
         # An import of vLLM or its native extensions fails: built against another torch or
         # CUDA (undefined symbol, a missing libcudart), or vLLM not installed where it runs.
-        (r"(?:ImportError|OSError): \S+\.so\S*: undefined symbol"
-         r"|(?:ImportError|OSError): (?!libcuda\.so)\S*lib\S+\.so[\d.]*: cannot open shared "
-         r"object file"
+        (r"(?:ImportError|OSError): [^\s:]{1,400}\.so[^\s:]{0,40}: undefined symbol"
+         r"|(?:ImportError|OSError): (?!libcuda\.so)[^\s:]{1,400}\.so[\d.]{0,20}: cannot open "
+         r"shared object file"
          r"|ModuleNotFoundError: No module named '(?:vllm|torch)\b[\w.]*'"
          r"|ImportError: cannot import name '\w+' from '(?:vllm|torch)\b",),
         ("0.2", "0.6", "0.7", "0.11"),
@@ -654,7 +660,8 @@ _EXCEPTION = re.compile(
 _TEARDOWN_TYPES = frozenset({"CancelledError", "KeyboardInterrupt", "SystemExit",
                              "BrokenPipeError", "ConnectionResetError", "GeneratorExit",
                              "ClosedResourceError"})
-_FLATTENED = re.compile(r"\b(?:[a-z_]\w*\.)+[A-Z]\w*(?:Error|Exception)\b: ")
+# Bounded repeats: unbounded ones make this quadratic on a long dotted frame line.
+_FLATTENED = re.compile(r"\b(?:[a-z_]\w{0,40}\.){1,6}[A-Z]\w{0,60}(?:Error|Exception): ")
 _FRAME_ANY = re.compile(r'^File "[^"]*", line \d+, in (?P<func>[\w<>]+)')
 # Only vLLM's own frames: a wrapper's `load_model` (a demo, a framework) proves nothing.
 _FRAME = re.compile(r'^File "[^"]*vllm[/\\][^"]*", line \d+, in (?P<func>[\w<>]+)')
@@ -670,13 +677,21 @@ _SERVING = re.compile(
     r"|Avg prompt throughput: [0-9.]+ tokens/s"
     r"|Uvicorn running on (?:http|unix)"
     r"|Engine \d+: Avg prompt throughput")
-# An orderly stop: systemd's stop job, a signal, uvicorn's and vLLM's shutdown sequence.
-# (systemd prints "Stopped X" on an automatic restart after a crash too; "Stopping X" only
-# on a stop job.)
-_STOP = re.compile(
-    r"^Stopping \S+(?:\.service)?\b|Received signal SIGTERM|received SIGTERM|SIGTERM received"
-    r"|^INFO:\s+Shutting down$|^Shutting down$|Waiting for application shutdown"
-    r"|Shutting down FastAPI HTTP server|\[shutdown\]|^KeyboardInterrupt$")
+# An orderly stop. Its trigger: someone asked (systemd's stop job — "Stopping X"; systemd
+# prints "Stopped X" on an automatic restart after a crash too —, a signal, Ctrl-C).
+_STOP_TRIGGER = re.compile(
+    r"^Stopping \S+(?:\.service)?\b|Received signal SIG(?:TERM|INT)|received SIG(?:TERM|INT)"
+    r"|SIG(?:TERM|INT) received|received signal=SIG(?:TERM|INT)|^KeyboardInterrupt$|^\^C")
+# vLLM's front end SIGTERMs its own engine core and workers while it tears down: their
+# "received SIGTERM" is teardown; SIGINT (a terminal's Ctrl-C) reaches every process.
+_CHILD_SIGTERM = re.compile(r"SIGTERM")
+_CHILD_PROC = re.compile(r"^(?:EngineCore|Worker|VllmWorker|RayWorker)", re.IGNORECASE)
+# Teardown: uvicorn's and vLLM's shutdown sequence. vLLM runs it after a crash too (a
+# killed engine core: "[shutdown] Process manager: send sigterm …" before "Failed core
+# proc(s)"), so on its own it is a stop only if no failure follows.
+_STOP_TEARDOWN = re.compile(
+    r"^INFO:\s+Shutting down$|^Shutting down$|Waiting for application shutdown"
+    r"|Shutting down FastAPI HTTP server|\[shutdown\]")
 _NOISE = re.compile(r"No available shared memory broadcast block found in (?P<seconds>\d+) second")
 # Real escape codes, and the caret form (`^[[0;36m`) a terminal copy leaves.
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]|\^\[\[[0-9;]*m")
@@ -765,6 +780,7 @@ class Match:
     reached: str | None = None
     role: Role | None = None
     exception: str | None = None  # the exception type of an exception line
+    stop: Literal["trigger", "teardown"] | None = None  # a stop line: asked for, or teardown
 
 
 def remedy_for(cause: str, values: Mapping[str, str] | None = None) -> str:
@@ -872,8 +888,12 @@ def classify(text: str) -> Match:
                 )
     if _SERVING.search(msg):
         return Match("serving", line, reached="ready")
-    if _STOP.search(msg) or exc_type in ("KeyboardInterrupt",):
-        return Match("stop", line, reached=reached)
+    if _STOP_TRIGGER.search(msg) or exc_type in ("KeyboardInterrupt",):
+        child = (line.proc is not None and _CHILD_PROC.match(line.proc) is not None
+                 and _CHILD_SIGTERM.search(msg) is not None)
+        return Match("stop", line, reached=reached, stop="teardown" if child else "trigger")
+    if _STOP_TEARDOWN.search(msg):
+        return Match("stop", line, reached=reached, stop="teardown")
     return Match("other", line, reached=reached)
 
 
