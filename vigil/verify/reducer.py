@@ -73,6 +73,12 @@ EVIDENCE_WAIT_S = 5.0
 _SYSTEMD_EXIT = re.compile(r"\.service: (Main process exited|Failed with result)")
 
 
+# What vLLM's own teardown produces (the engine client finding the engine gone): after
+# its teardown lines these are the stop's consequence; any other failure after them is
+# what made vLLM tear down (a killed engine core, an OOM).
+_TEARDOWN_CAUSES = frozenset({"engine_dead"})
+
+
 @dataclass(frozen=True)
 class Fatal:
     """A fatal line: its cause, the line, the remedy, its rank and when it came."""
@@ -82,7 +88,7 @@ class Fatal:
     remedy: str
     rank: str  # root | exception | symptom | chain
     at: float
-    after_stop: bool = False
+    after_stop: bool = False  # after a stop someone asked for: its teardown, not a cause
 
 
 @dataclass(frozen=True)
@@ -145,6 +151,7 @@ class WatchState:
     serving_line: str = ""
     stop_at: float | None = None  # an orderly stop began (systemd stop job, SIGTERM, …)
     stop_line: str = ""
+    stop_asked: bool = False  # a stop's trigger seen (not only vLLM's own teardown lines)
     begun: bool = False  # a vLLM line of this start was seen (a stop before it is the last run's)
     ready_at: float | None = None
     health_ok: bool = False
@@ -403,7 +410,8 @@ def _fold_lines(st: WatchState, snap: Snapshot, now: float) -> tuple[_Fold, Watc
             rank = "exception" if (m.role == "root" and m.cause == "unknown") else (
                 m.role or "chain")
             item = Fatal(m.cause, entry.text.strip()[:2000], m.remedy or "", rank, t,
-                         after_stop=f.st.stop_at is not None)
+                         after_stop=f.st.stop_asked or (
+                             f.st.stop_at is not None and m.cause in _TEARDOWN_CAUSES))
             # Bounded (a log of a million errors): past MAX_FATAL only a better rank joins.
             if len(f.fatal) < MAX_FATAL or _RANK[rank] < min(_RANK[x.rank] for x in f.fatal):
                 f.fatal.append(item)
@@ -418,6 +426,8 @@ def _fold_lines(st: WatchState, snap: Snapshot, now: float) -> tuple[_Fold, Watc
             this_run = f.st.begun and not before_start
             if f.st.stop_at is None and this_run:
                 f.st = replace(f.st, stop_at=t, stop_line=entry.text.strip()[:200])
+            if this_run and m.stop == "trigger" and not f.st.stop_asked:
+                f.st = replace(f.st, stop_asked=True)
             continue
         if m.kind != "marker" or m.phase is None:
             continue
@@ -490,7 +500,7 @@ def step(
     )
 
     # 2. Stopped: an orderly stop by someone else, before any failure.
-    stop = _stop(st, snap)
+    stop = _stop(st, snap, now, log_only=log_only)
     if stop is not None:
         st = _track_unit(st, snap)
         return _finish(st, "stopped", None, stop, None, now, budgets)
@@ -566,10 +576,13 @@ def step(
     return replace(st, verdict=verdict, summary=summary)
 
 
-def _stop(st: WatchState, snap: Snapshot) -> str | None:
+def _stop(st: WatchState, snap: Snapshot, now: float, *, log_only: bool) -> str | None:
     """The proof of an orderly stop by someone else, or None. A failure that came first
-    wins: vLLM stops itself after a fatal error (SIGTERM to its own PID)."""
-    if st.stop_at is not None and all(f.after_stop for f in st.fatal):
+    wins: vLLM stops itself after a fatal error (SIGTERM to its own PID). vLLM's teardown
+    lines with no trigger seen are a stop only if no failure follows: from a log, none in
+    the rest of it; live, none by SETTLE_S after the unit is seen dead."""
+    if st.stop_at is not None and all(f.after_stop for f in st.fatal) and (
+            st.stop_asked or log_only or (_dead(st, snap) and now - st.stop_at >= SETTLE_S)):
         return f"stopped: {st.stop_line}"
     if st.fatal:
         return None
