@@ -377,3 +377,15 @@ def test_the_real_streamed_kill9_names_engine_killed_at_the_line_that_proves_it(
     assert any("{'EngineCore': -9}" in x.text for x in snaps[at].journal.lines)
     unit = snaps[at].unit
     assert unit is not None and unit.active_state == "active"  # before the unit died
+
+
+def test_the_streams_own_requests_in_the_access_log_wake_nothing() -> None:
+    """Each snapshot asks /health and /v1/models; their access-log lines ride along with
+    the next snapshot instead of sending one (real lines: uvicorn's format, a lab journal)."""
+    own = ['INFO:     127.0.0.1:48802 - "GET /health HTTP/1.1" 200 OK',
+           '(APIServer pid=8) INFO:     127.0.0.1:51000 - "GET /v1/models HTTP/1.1" 200 OK']
+    news = ['INFO:     127.0.0.1:45354 - "POST /v1/completions HTTP/1.1" 200 OK',
+            'INFO:     10.0.0.7:40000 - "GET /health HTTP/1.1" 200 OK',
+            "(EngineCore pid=9) INFO 11-30 15:20:01 [core.py:1] [shutdown] EngineCore"]
+    assert [agent.wakes({"text": t}) for t in own] == [False, False]
+    assert [agent.wakes({"text": t}) for t in news] == [True, True, True]

@@ -1502,6 +1502,14 @@ def probe(req: Json) -> Json:
 # -- stream: the watcher's persistent channel (one snapshot per event and per second) ---
 
 STREAM_BATCH_S = 0.05  # lines arriving together go out in one snapshot
+# The access-log line of the stream's own /health and /v1/models requests: it rides with
+# the next snapshot but wakes none (else each snapshot's request logs the next one's news).
+OWN_REQUEST = re.compile(r'127\.0\.0\.1:\d+ - "GET /(?:health|v1/models) HTTP/')
+
+
+def wakes(line: Json) -> bool:
+    """Whether a followed line is news that sends a snapshot at once."""
+    return not OWN_REQUEST.search(str(line.get("text", "")))
 STREAM_PID_CHECK_S = 0.2  # how often the service's processes are checked for an exit
 SYSTEMD_COMMS = ("systemd",)
 
@@ -1571,6 +1579,7 @@ def stream(req: Json, inp: int = 0, out: int = 1) -> int:
     jfd = proc.stdout.fileno()
     slow: Json = {}  # the parts read only at the steady cadence (GPU, compile cache)
     pending: List[Json] = []
+    news = False  # a line in `pending` that wakes the stream (not only its own echoes)
     pending_since = 0.0
     buf = b""
     last_cursor = cursor
@@ -1583,7 +1592,7 @@ def stream(req: Json, inp: int = 0, out: int = 1) -> int:
         while True:
             now = time.monotonic()
             wait = min(next_tick, next_pid_check) - now
-            if pending:
+            if news:
                 wait = min(wait, pending_since + STREAM_BATCH_S - now)
             ready, _, _ = select.select([inp, jfd], [], [], max(wait, 0.0))
             if inp in ready and not os.read(inp, 4096):
@@ -1602,8 +1611,8 @@ def stream(req: Json, inp: int = 0, out: int = 1) -> int:
                     except ValueError:
                         continue
                     lines = _journal_record(rec, catch_up_us, invocation, since_us)
-                    if lines and not pending:
-                        pending_since = time.monotonic()
+                    if not news and any(wakes(x) for x in lines):
+                        news, pending_since = True, time.monotonic()
                     pending += lines
                     last_cursor = rec.get("__CURSOR", last_cursor)
                     force = force or _from_systemd(rec)
@@ -1613,7 +1622,7 @@ def stream(req: Json, inp: int = 0, out: int = 1) -> int:
                 if any(not os.path.exists("/proc/%d" % p) for p in pids):
                     force = True  # a process of the service exited
             tick = now >= next_tick
-            if not (tick or force or (pending and now - pending_since >= STREAM_BATCH_S)):
+            if not (tick or force or (news and now - pending_since >= STREAM_BATCH_S)):
                 continue
             u = unit_state(unit)
             snap: Json = {"v": 1, "time": time.time(), "errors": [], "unit": u}
@@ -1629,7 +1638,7 @@ def stream(req: Json, inp: int = 0, out: int = 1) -> int:
             if port > 0:
                 snap["http"] = http_state(port, req.get("api_key"))
             emit({"k": "snap", "snap": snap})
-            pending, force = [], False
+            pending, force, news = [], False, False
     except OSError:
         return 0  # stdout broke: the channel is gone
     finally:
