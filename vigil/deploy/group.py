@@ -76,7 +76,7 @@ def plan_group(group: NodeGroup, changes: Mapping[str, bool], *,
     """What the group's deploy does, in order. ``changes``: release (``unit_key``) -> its
     own plan changes something. Every release is applied (a no-op where nothing differs);
     all restart when any changed."""
-    keys = [unit_key(node, unit) for node, unit, _ in releases(group)]
+    keys = release_keys(group)
     missing = [k for k in keys if k not in changes]
     if missing:
         raise ValueError(f"no plan for {missing[0]}")
@@ -130,7 +130,7 @@ def deploy_group(group: NodeGroup, opts: Options, log: Log,
     ``rollback(step)`` puts a release back; with it a failure rolls every changed one
     back."""
     started = time.monotonic()
-    targets = {unit_key(node, unit): t for node, unit, t in releases(group)}
+    targets = release_targets(group)
     checks = {key: deploy_host(t, replace(opts, check=True, wait=False), log)
               for key, t in targets.items()}
     failed = [r for r in checks.values() if r.status == "failed"]
@@ -174,10 +174,15 @@ def deploy_group(group: NodeGroup, opts: Options, log: Log,
     return out
 
 
+def release_targets(group: NodeGroup) -> dict[str, Target]:
+    """Each release's target by ``unit_key``, in start order."""
+    return {unit_key(n, u): t for n, u, t in releases(group)}
+
+
 def release_keys(group: NodeGroup) -> tuple[str, ...]:
-    return tuple(unit_key(n, u) for n, u, _ in releases(group))
+    return tuple(release_targets(group))
 
 
 def target_of(group: NodeGroup, step: Step) -> Target:
     """The release a step acts on (its vLLM or Ray unit's target)."""
-    return {unit_key(n, u): t for n, u, t in releases(group)}[step.key]
+    return release_targets(group)[step.key]

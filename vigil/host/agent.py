@@ -1258,8 +1258,9 @@ def _other_start(rec: Json, invocation: Optional[str], since_us: int) -> bool:
     return since_us > 0 and _int(rec.get("__REALTIME_TIMESTAMP", "0")) < since_us
 
 
-def journal(unit: str, cursor: Optional[str], max_lines: int,
-            since_epoch: Optional[float], invocation: Optional[str] = None) -> Json:
+def journal_argv(unit: str, cursor: Optional[str], max_lines: int,
+                 since_epoch: Optional[float]) -> List[str]:
+    """journalctl for the unit's lines after the cursor, else this start's last lines."""
     argv = ["journalctl", "-u", unit, "-o", "json", "--no-pager"]
     if cursor:
         argv += ["--after-cursor", cursor]
@@ -1267,6 +1268,12 @@ def journal(unit: str, cursor: Optional[str], max_lines: int,
         argv += ["-n", str(max_lines)]
         if since_epoch:
             argv += ["--since", "@%d" % int(since_epoch)]
+    return argv
+
+
+def journal(unit: str, cursor: Optional[str], max_lines: int,
+            since_epoch: Optional[float], invocation: Optional[str] = None) -> Json:
+    argv = journal_argv(unit, cursor, max_lines, since_epoch)
     lines: List[Json] = []
     new_cursor = cursor
     truncated = False
@@ -1502,6 +1509,8 @@ def probe(req: Json) -> Json:
 # -- stream: the watcher's persistent channel (one snapshot per event and per second) ---
 
 STREAM_BATCH_S = 0.05  # lines arriving together go out in one snapshot
+STREAM_PID_CHECK_S = 0.2  # how often the service's processes are checked for an exit
+SYSTEMD_COMMS = ("systemd",)
 # The access-log line of the stream's own /health and /v1/models requests: it rides with
 # the next snapshot but wakes none (else each snapshot's request logs the next one's news).
 OWN_REQUEST = re.compile(r'127\.0\.0\.1:\d+ - "GET /(?:health|v1/models) HTTP/')
@@ -1510,8 +1519,6 @@ OWN_REQUEST = re.compile(r'127\.0\.0\.1:\d+ - "GET /(?:health|v1/models) HTTP/')
 def wakes(line: Json) -> bool:
     """Whether a followed line is news that sends a snapshot at once."""
     return not OWN_REQUEST.search(str(line.get("text", "")))
-STREAM_PID_CHECK_S = 0.2  # how often the service's processes are checked for an exit
-SYSTEMD_COMMS = ("systemd",)
 
 
 def _die_with_parent() -> None:
@@ -1559,13 +1566,7 @@ def stream(req: Json, inp: int = 0, out: int = 1) -> int:
             data = data[os.write(out, data):]
 
     u = unit_state(unit)
-    argv = ["journalctl", "-u", unit, "-o", "json", "--no-pager", "-f"]
-    if cursor:
-        argv += ["--after-cursor", cursor]
-    else:
-        argv += ["-n", str(max_lines)]
-        if u.get("exec_main_start_epoch"):
-            argv += ["--since", "@%d" % int(u["exec_main_start_epoch"])]
+    argv = journal_argv(unit, cursor, max_lines, u.get("exec_main_start_epoch")) + ["-f"]
     invocation = str(u.get("invocation_id") or "") or None
     since_us = int((u.get("exec_main_start_epoch") or 0) * 1e6)
     catch_up_us = 0 if cursor else int(time.time() * 1e6)

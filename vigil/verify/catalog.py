@@ -684,7 +684,6 @@ _STOP_TRIGGER = re.compile(
     r"|SIG(?:TERM|INT) received|received signal=SIG(?:TERM|INT)|^KeyboardInterrupt$|^\^C")
 # vLLM's front end SIGTERMs its own engine core and workers while it tears down: their
 # "received SIGTERM" is teardown; SIGINT (a terminal's Ctrl-C) reaches every process.
-_CHILD_SIGTERM = re.compile(r"SIGTERM")
 _CHILD_PROC = re.compile(r"^(?:EngineCore|Worker|VllmWorker|RayWorker)", re.IGNORECASE)
 # Teardown: uvicorn's and vLLM's shutdown sequence. vLLM runs it after a crash too (a
 # killed engine core: "[shutdown] Process manager: send sigterm …" before "Failed core
@@ -890,7 +889,7 @@ def classify(text: str) -> Match:
         return Match("serving", line, reached="ready")
     if _STOP_TRIGGER.search(msg) or exc_type in ("KeyboardInterrupt",):
         child = (line.proc is not None and _CHILD_PROC.match(line.proc) is not None
-                 and _CHILD_SIGTERM.search(msg) is not None)
+                 and "SIGTERM" in msg)
         return Match("stop", line, reached=reached, stop="teardown" if child else "trigger")
     if _STOP_TEARDOWN.search(msg):
         return Match("stop", line, reached=reached, stop="teardown")

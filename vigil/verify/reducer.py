@@ -500,7 +500,8 @@ def step(
     )
 
     # 2. Stopped: an orderly stop by someone else, before any failure.
-    stop = _stop(st, snap, now, log_only=log_only)
+    dead = _dead(st, snap)
+    stop = _stop(st, snap, now, dead=dead, log_only=log_only)
     if stop is not None:
         st = _track_unit(st, snap)
         return _finish(st, "stopped", None, stop, None, now, budgets)
@@ -508,7 +509,6 @@ def step(
     # 3. Crashed: a fatal line, the unit failing or restarting on its own, /health
     # turning 503, or the first completion failing.
     crash = _crash(st, snap, smoke)
-    dead = _dead(st, snap)
     st = _track_unit(st, snap)
     if crash is not None and not log_only and _weak(st, crash):
         weak_at = st.weak_crash_at if st.weak_crash_at is not None else now
@@ -576,13 +576,14 @@ def step(
     return replace(st, verdict=verdict, summary=summary)
 
 
-def _stop(st: WatchState, snap: Snapshot, now: float, *, log_only: bool) -> str | None:
+def _stop(st: WatchState, snap: Snapshot, now: float, *, dead: bool,
+          log_only: bool) -> str | None:
     """The proof of an orderly stop by someone else, or None. A failure that came first
     wins: vLLM stops itself after a fatal error (SIGTERM to its own PID). vLLM's teardown
     lines with no trigger seen are a stop only if no failure follows: from a log, none in
     the rest of it; live, none by SETTLE_S after the unit is seen dead."""
     if st.stop_at is not None and all(f.after_stop for f in st.fatal) and (
-            st.stop_asked or log_only or (_dead(st, snap) and now - st.stop_at >= SETTLE_S)):
+            st.stop_asked or log_only or (dead and now - st.stop_at >= SETTLE_S)):
         return f"stopped: {st.stop_line}"
     if st.fatal:
         return None

@@ -126,7 +126,6 @@ class Poller:
             return Smoke(ok=False, error=f"smoke did not finish: {exc.message}")
         return smoke.parse(data)
 
-
     def streamer(self, note: Callable[[str], None], sleep: Sleep = time.sleep) -> StreamProbe:
         """A ProbeFn over one held channel; polls (this Poller) when it cannot stream."""
         req = probe_request(self.target, None)
