@@ -10,10 +10,12 @@ change regenerate and review the diff:
 from __future__ import annotations
 
 import io
+import json
 import os
 import shlex
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -27,9 +29,11 @@ from vigil.errors import ConfigError, RefusedError
 from vigil.verify import replay
 from vigil.verify.budgets import BudgetKey, Budgets
 from vigil.verify.group import (
+    RAY_NODES,
     GroupState,
     NodeView,
     RayJoin,
+    every,
     group_key,
     group_state,
     ray_alive_nodes,
@@ -173,7 +177,11 @@ def test_node_note_does_not_change_single_host_units(tmp_path: Path) -> None:
      (), ConfigError, ["backend", "pin ray", "vllm-0.16-nightly"]),
     ("head: gpu-a\nworkers: [gpu-b]\nmodel: tiny-cpu\nbackend: ray\n",
      ("pipeline_parallel_size=2",), RefusedError,
-     ["current platform cpu does not support ray."]),
+     ["current platform cpu does not support ray.", "set prove_cpu_ray_refusal: true"]),
+    ("head: gpu-a\nworkers: [gpu-b]\nmodel: glm-5-pp2\nprove_cpu_ray_refusal: true\n", (),
+     ConfigError, ["g.yml: prove_cpu_ray_refusal: only a CPU group", "cuda with backend native"]),
+    ("head: gpu-a\nworkers: [gpu-b]\nmodel: tiny-cpu\nprove_cpu_ray_refusal: true\n",
+     ("pipeline_parallel_size=2",), ConfigError, ["cpu with backend native"]),
 ])
 def test_bad_groups_are_one_clear_error(tmp_path: Path, group_yml: str,
                                         sets: tuple[str, ...], error: type[Exception],
@@ -183,6 +191,23 @@ def test_bad_groups_are_one_clear_error(tmp_path: Path, group_yml: str,
     assert type(exc.value) is error
     for word in words:
         assert word in str(exc.value), str(exc.value)
+
+
+def test_the_lab_deploys_a_cpu_ray_group_only_when_told_and_is_told_it_fails(
+        tmp_path: Path) -> None:
+    g = _resolve(tmp_path, "head: gpu-a\nworkers: [gpu-b]\nmodel: tiny-cpu\nbackend: ray\n"
+                 "prove_cpu_ray_refusal: true\n", sets=("pipeline_parallel_size=2",))
+    assert len(g.notes) == 1
+    assert "vLLM will refuse this group at engine start (ValueError: current platform cpu " \
+        "does not support ray.)" in g.notes[0]
+    assert "crashed (executor_unsupported)" in g.notes[0]
+    head, worker = g.nodes
+    argv = _exec_start(head.target.rendered.unit_text)
+    assert argv[1:3] == ["-c", CPU_LAUNCHER] and argv[-1] == "--distributed-executor-backend=ray"
+    assert head.ray is not None and worker.ray is not None and not worker.serves
+    # a group without the switch says nothing extra
+    assert resolve_group(inventory.load(GOLDEN / "inventory"), "glm-ray",
+                         operator_env=ENV).notes == ()
 
 
 def test_every_node_needs_the_same_stack(tmp_path: Path) -> None:
@@ -550,21 +575,30 @@ def test_real_pp2_journals_while_the_worker_installs() -> None:
 
 # -- a Ray group's cluster -----------------------------------------------------------
 
-# real: `ray status` on lab1 with Ray 2.60.0, lab1's `ray start --head --block` and lab2's
-# `ray start --address=… --block` as systemd units (2026-11-30; it took 86 s on 2 cores)
-RAY_STATUS = (LOGS / "ray-2.60.0-status-lab1-lab2.txt").read_text()
+# real: verify's RAY_NODES (`ray.nodes()` as JSON) on lab7, the Ray head of a group that
+# vigil deployed on lab7 and lab3 with Ray 2.60.0 (tests/test_group_lab.py, 2026-11-30)
+RAY_NODES_OUT = (LOGS / "ray-2.60.0-nodes-lab7-lab3.json").read_text()
 
 
-def test_ray_status_counts_the_live_nodes() -> None:
-    assert ray_alive_nodes(RAY_STATUS) == 2
-    one = RAY_STATUS.replace(
-        " 1 node_a1c6c23db5f0a63240800a68111aaf547d48fb701954cd289b2e008c\n", "")
-    assert ray_alive_nodes(one) == 1
-    # before Ray 2.6 the section was "Healthy:"; a pending or failed node is not alive
-    old = RAY_STATUS.replace("Active:", "Healthy:").replace(
-        " (no failures)", " 10.0.0.12: worker")
-    assert ray_alive_nodes(old) == 2
-    assert ray_alive_nodes("ConnectionError: Could not find any running Ray instance.") is None
+def test_ray_nodes_counts_the_live_nodes() -> None:
+    assert ray_alive_nodes(RAY_NODES_OUT) == 2
+    nodes = json.loads(RAY_NODES_OUT)
+    assert [n["NodeManagerHostname"] for n in nodes] == ["lab7", "lab3"]
+    # a node Ray declared dead stays in the list with Alive false
+    nodes[1]["Alive"] = False
+    assert ray_alive_nodes("2026-11-30 ray.init noise\n" + json.dumps(nodes)) == 1
+    # no node list: the head did not answer (RAY_NODES exits with its reason on stderr)
+    assert ray_alive_nodes("") is None
+    assert ray_alive_nodes("[not json") is None
+    assert ray_alive_nodes('{"nodes": []}') is None
+
+
+def test_ray_nodes_runs_as_a_script() -> None:
+    # the snippet itself: a head that does not listen answers at once, with the reason
+    res = subprocess.run([sys.executable, "-c", RAY_NODES, "127.0.0.1:1"],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and res.stdout == ""
+    assert res.stderr.startswith("ray head 127.0.0.1:1: "), res.stderr
 
 
 def test_a_ray_group_is_ready_only_with_every_node_in_the_cluster() -> None:
@@ -575,6 +609,27 @@ def test_a_ray_group_is_ready_only_with_every_node_in_the_cluster() -> None:
     assert group_state(head, RayJoin(None, 2, "no cluster")).summary.endswith(
         "ray: ?/2 nodes alive")
     assert group_state(head, RayJoin(2, 2)).verdict == "ready"
+
+
+def test_a_ray_groups_crash_says_the_cluster_it_had() -> None:
+    refused = _st("engine_init", "crashed", proof="ValueError: current platform cpu does "
+                  "not support ray.", cause="executor_unsupported")
+    gs = group_state([NodeView("lab7", 0, refused)], RayJoin(2, 2))
+    assert gs.verdict == "crashed" and gs.node == "lab7" and gs.ray == RayJoin(2, 2)
+    assert gs.summary == ("crashed on node lab7 (executor_unsupported) in engine_init; "
+                          "ray: 2/2 nodes alive")
+    assert group_state([NodeView("lab7", 0, refused)]).ray is None
+
+
+def test_the_ray_check_runs_at_most_once_per_window() -> None:
+    now = [0.0]
+    answers = iter([RayJoin(1, 2), RayJoin(2, 2)])
+    check = every(10.0, lambda: next(answers), clock=lambda: now[0])
+    assert check() == RayJoin(1, 2)
+    now[0] = 9.9
+    assert check() == RayJoin(1, 2)  # the last answer, no second call
+    now[0] = 10.0
+    assert check() == RayJoin(2, 2)
 
 
 def test_watch_group_of_ray_waits_for_the_cluster() -> None:

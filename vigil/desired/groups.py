@@ -73,6 +73,11 @@ class NodeGroupSpec(Strict):
     ray_port: int = Field(6379, ge=1, le=65535)
     model: Name | None = None
     stack: Name | None = None
+    # The lab's switch: vLLM's CPU build refuses the Ray executor at engine start, so a
+    # CPU group with backend ray is refused up front; with this it is deployed anyway to
+    # prove the Ray units, the cluster and the crash verdict up to vLLM's own error.
+    prove_cpu_ray_refusal: bool = Field(
+        False, description="CPU + ray only: deploy although vLLM will refuse it")
 
 
 @dataclass(frozen=True)
@@ -130,6 +135,7 @@ class NodeGroup:
     layout: Layout
     master_addr: str
     nodes: tuple[Node, ...]  # head first, then the workers in their order
+    notes: tuple[str, ...] = ()  # said by every group task before it acts
 
     @property
     def head(self) -> Node:
@@ -212,12 +218,20 @@ def check_layout(spec: NodeGroupSpec, file: str, nodes: list[Target]) -> Layout:
             f"tensor_parallel_size {layout.tp} does not divide the model's "
             f"{p.num_attention_heads} attention heads", file=f"profile {p.name}",
             key="tensor_parallel_size")
+    cpu_ray = p.device == "cpu" and spec.backend == "ray"
+    if spec.prove_cpu_ray_refusal and not cpu_ray:
+        raise ConfigError(
+            f"only a CPU group with backend ray takes it; this one is {p.device} with "
+            f"backend {spec.backend}", file=file, key="prove_cpu_ray_refusal",
+            fix="remove prove_cpu_ray_refusal")
     if p.device == "cpu":
-        if spec.backend == "ray":
+        if cpu_ray and not spec.prove_cpu_ray_refusal:
             raise RefusedError(
                 f"node group {spec.name}: vLLM's Ray executor does not run on the CPU "
                 f"build; vLLM itself refuses it at engine start: {CPU_RAY_REFUSAL}",
-                fix="use backend: native on CPU hosts (ray needs a GPU platform)")
+                fix="use backend: native on CPU hosts (ray needs a GPU platform); only to "
+                "prove the Ray cluster up to that error (the lab), set "
+                "prove_cpu_ray_refusal: true in the group file")
         return layout
     for t in nodes:
         gpu = t.vars.gpu
@@ -392,7 +406,12 @@ def resolve_group(
         share = layout.per_node if t.profile.device == "cuda" else None
         nodes.append(Node(t.name, rank, replace(t, rendered=rendered, gpus_needed=share),
                           serves, ray))
-    return NodeGroup(spec, file, layout, addr, tuple(nodes))
+    notes: tuple[str, ...] = ()
+    if spec.prove_cpu_ray_refusal:
+        notes = (f"prove_cpu_ray_refusal: vLLM will refuse this group at engine start "
+                 f"({CPU_RAY_REFUSAL}); the Ray cluster is deployed to prove everything "
+                 "up to that error, and verify will say crashed (executor_unsupported)",)
+    return NodeGroup(spec, file, layout, addr, tuple(nodes), notes)
 
 
 def group_of(inv: Inventory, host: str) -> str | None:

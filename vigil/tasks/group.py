@@ -45,6 +45,12 @@ def _resolve(c: Context, name: str, sets: list[str] | None, *, secrets: bool = T
                          template_dir=setting(c, "templates"), require_secrets=secrets)
 
 
+def _notes(g: NodeGroup, log: Log) -> Log:
+    for note in g.notes:
+        log(g.spec.name, note)
+    return log
+
+
 def _show(log: Log, group: str) -> Callable[[GroupState], None]:
     last: list[str] = []
 
@@ -124,7 +130,7 @@ def verify(c: Context, name: str, set_: list[str] | None = None, stall: float | 
     """Watch every node's start: the group's phase, who joined, one verdict."""
     with user_errors():
         g = _resolve(c, name, set_)
-        code = _watch(c, g, Log(width=max(len(n) for n in (*g.names, name))),
+        code = _watch(c, g, _notes(g, Log(width=max(len(n) for n in (*g.names, name)))),
                       watch_settings(c, poll, stall))
     exit_with([code])
 
@@ -138,6 +144,8 @@ def render(c: Context, name: str, out: str = "rendered", set_: list[str] | None 
         g = _resolve(c, name, set_, secrets=False)
         print(f"node group {name}: {g.layout.label}, head {g.head.name}, master "
               f"{g.master_addr}")
+        for note in g.notes:
+            print(note)
         for n in g.nodes:
             where = Path(out) / name / n.name
             if n.serves:
@@ -154,7 +162,7 @@ def rollback(c: Context, name: str) -> None:
     the Ray head, the Ray workers, then vLLM) and verify the group."""
     with user_errors():
         g = _resolve(c, name, None)
-        log = Log(width=max(len(n) for n in (*g.names, name)))
+        log = _notes(g, Log(width=max(len(n) for n in (*g.names, name))))
         _rollback(c, g, log, rollback_steps(g, dict.fromkeys(release_keys(g), True)))
         code = _watch(c, g, log, watch_settings(c))
     exit_with([code])
