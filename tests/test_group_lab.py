@@ -9,6 +9,11 @@ the worker started late, joined, and killed while loading (crashed naming lab2).
 group uses its own unit (vllm-mn) and ports, so the single-host tests' vllm.service on
 the same hosts is never touched.
 
+The Ray backend runs on lab7 (head) and lab3 (worker), whose vLLM installs use uv: vigil
+deploys the Ray units and vLLM on the head with ``group.deploy``, verify sees the cluster
+whole through Ray's API, and vLLM's CPU build refuses Ray at engine start (the group file
+says ``prove_cpu_ray_refusal: true``): crashed, executor_unsupported, naming the head.
+
 Stops are bounded: the group's units get TimeoutStopSec=20 (host var timeout_stop_s) and
 both nodes stop at once. On the lab's systemd-in-nspawn (cgroup v1) a stop otherwise
 waits out the whole TimeoutStopSec (90 s) whenever a process outlives the unit's main
@@ -19,19 +24,22 @@ it): systemd gets no empty-cgroup event there and ends "failed (Result: timeout)
 from __future__ import annotations
 
 import io
+import shlex
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from lab import hosts as lab
+from lab import wheels
 from vigil.deploy.apply import Options
 from vigil.deploy.group import deploy_group
 from vigil.desired import inventory
 from vigil.desired.groups import NodeGroup, resolve_group
 from vigil.report import Log
-from vigil.verify.group import GroupState, verify_group
+from vigil.verify.group import RAY_NODES, GroupState, ray_alive_nodes, verify_group
 from vigil.verify.watch import Settings
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
@@ -178,3 +186,124 @@ def test_a_missing_worker_stalls_then_a_killed_worker_crashes_naming_it(
     assert final.verdict == "crashed", final
     assert final.node == "lab2" and final.proof is not None and final.proof.startswith(
         "lab2:"), final
+
+
+# -- the Ray backend: vigil deploys the cluster, vLLM's CPU build refuses it --------------
+
+# lab7 and lab3 install with uv (test_flashinfer_lab.py, test_runtime_lab.py), whose cache
+# lives in each host's /var/cache/vigil: an env_root on that mount lets uv hardlink the
+# ~3.4 GB of vLLM instead of copying them (its own `current`, so the hosts' vllm.service
+# environments under /opt/vigil/envs are untouched).
+RAY_HEAD, RAY_WORKER = 7, 3
+RAY_UNIT = "vllm-rg"
+RAY_ENV_ROOT = "/var/cache/vigil/envs"
+RAY_HOSTS_YML = f"""
+hosts:
+  lab{RAY_HEAD}: {{address: 127.0.0.1, ssh_port: {lab.host_port(RAY_HEAD)}, port: 8193}}
+  lab{RAY_WORKER}: {{address: 127.0.0.1, ssh_port: {lab.host_port(RAY_WORKER)}, port: 8194}}
+groups:
+  raypair:
+    hosts: [lab{RAY_HEAD}, lab{RAY_WORKER}]
+    vars:
+      ssh_user: root
+      ssh_key: {lab.key_path()}
+      known_hosts: {lab.known_hosts_path()}
+      connect_timeout_s: 5
+      service: {RAY_UNIT}
+      model: tiny-cpu
+      stack: lab-cpu-ray
+      env_root: {RAY_ENV_ROOT}
+      installer: uv
+      restart_sec: 60  # one refused start to judge, not a restart loop
+      timeout_stop_s: 20
+      overrides: {{pipeline_parallel_size: 2}}
+"""
+RAY_GROUP_YML = f"""
+description: the tiny model on a Ray cluster of two lab hosts (vLLM's CPU build refuses it)
+head: lab{RAY_HEAD}
+workers: [lab{RAY_WORKER}]
+backend: ray
+ray_port: 6390
+master_port: 29592
+prove_cpu_ray_refusal: true
+"""
+RAY_UNITS = {RAY_HEAD: (RAY_UNIT, f"{RAY_UNIT}-ray"), RAY_WORKER: (f"{RAY_UNIT}-ray",)}
+
+
+def _ray_stop() -> None:
+    """Every node at once (systemd stops vLLM before the head's Ray unit): a Ray worker
+    drains at once while the head is up, and waits out its TimeoutStopSec once it is gone.
+    The head's stop takes ~30 s: vLLM's API server outlives its refused engine core."""
+    def stop(i: int) -> None:
+        units = " ".join(RAY_UNITS[i])
+        code, _, err = lab.run(i, f"systemctl stop {units}; systemctl disable {units}; "
+                               f"systemctl reset-failed {units} 2>/dev/null; true", timeout=120)
+        assert code == 0, f"lab{i}: {err}"
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(stop, RAY_UNITS))
+
+
+@pytest.fixture(scope="module")
+def ray_group(lab_hosts: list[lab.HostStatus], tmp_path_factory: pytest.TempPathFactory,
+              ) -> Iterator[NodeGroup]:
+    if not {f"lab{RAY_HEAD}", f"lab{RAY_WORKER}"} <= {h.name for h in lab.status()
+                                                       if h.running}:
+        lab.up(RAY_HEAD)  # hosts already running stay as they are
+    for i in RAY_UNITS:
+        wheels.install_uv(i)
+    inv = tmp_path_factory.mktemp("raygroup") / "inventory"
+    (inv / "node_groups").mkdir(parents=True)
+    for part in ("models", "stacks"):
+        (inv / part).symlink_to(REPO / "inventory" / part)
+    (inv / "hosts.yml").write_text(RAY_HOSTS_YML)
+    (inv / "node_groups" / "tiny-ray.yml").write_text(RAY_GROUP_YML)
+    yield resolve_group(inventory.load(inv), "tiny-ray", operator_env={})
+    _ray_stop()
+
+
+def _since_boot_us(i: int, unit: str, prop: str) -> int:
+    # the lab hosts share the machine's kernel: monotonic stamps compare across hosts
+    return int(sh(i, f"systemctl show -p {prop} --value {unit}").strip())
+
+
+def test_a_ray_group_forms_its_cluster_and_the_cpu_build_refuses_it(
+        ray_group: NodeGroup, tmp_path: Path) -> None:
+    """group.deploy of a 2-node Ray group: the Ray head's unit, the worker's, then vLLM on
+    the head; verify's Ray check sees both nodes alive; vLLM on the head connects to the
+    cluster and refuses it with its own error: crashed (executor_unsupported) naming the
+    head. Then the group stops with nothing of it left running."""
+    out = io.StringIO()
+    result = deploy_group(ray_group, Options(restart=True, wait=False, state_dir=tmp_path),
+                          Log(out))
+    lines = out.getvalue()
+    print(lines)  # the install lines carry their seconds
+    assert result.status == "changed", lines
+    assert result.plan is not None
+    assert [s.key for s in result.plan.steps] == ["lab7/ray", "lab3/ray", "lab7"]
+    assert "vLLM will refuse this group at engine start" in lines
+    seen: list[GroupState] = []
+    watch = verify_group(ray_group, Settings(poll_s=3, stall_s=240), on_poll=seen.append,
+                         deadline_s=600)
+    final = watch.history[-1]
+    print("\n".join(s.summary for s in seen))
+    assert final.verdict == "crashed", final
+    assert final.cause == "executor_unsupported" and final.node == "lab7", final
+    assert final.proof is not None and final.proof.startswith("lab7:"), final
+    assert "current platform cpu does not support ray." in final.proof
+    # verify's Ray check (ray.nodes() on the head) saw the cluster whole
+    assert any(s.ray is not None and s.ray.alive == 2 for s in seen), seen
+    # in order: the Ray head up before the worker's Ray started, both before vLLM
+    head_ray = _since_boot_us(RAY_HEAD, f"{RAY_UNIT}-ray", "ActiveEnterTimestampMonotonic")
+    worker_ray = _since_boot_us(RAY_WORKER, f"{RAY_UNIT}-ray", "ExecMainStartTimestampMonotonic")
+    vllm = _since_boot_us(RAY_HEAD, RAY_UNIT, "ExecMainStartTimestampMonotonic")
+    assert 0 < head_ray <= worker_ray < vllm, (head_ray, worker_ray, vllm)
+    # vLLM's refusal leaves the cluster up: Ray's own API on the head, as verify asks it
+    nodes = sh(RAY_HEAD, f"{ray_group.head.target.rendered.paths.python} -c "
+               f"{shlex.quote(RAY_NODES)} 127.0.0.1:6390")
+    print(nodes)
+    assert ray_alive_nodes(nodes) == 2, nodes
+    _ray_stop()
+    for i in RAY_UNITS:
+        # every process of the group runs from its environment ([s]: not this shell)
+        left = lab.run(i, f"pgrep -a -f '{RAY_ENV_ROOT[:-1]}[s]/' || true")[1]
+        assert left.strip() == "", f"lab{i}: {left}"
