@@ -71,11 +71,14 @@ esac
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0000")
     assert f"vllm start: skipped ({sys.executable} has no CUDA vLLM" in r.stdout
+    # this python has no torch: the busy step says so in one line and keeps what it printed
+    assert "busy: holder did not start: " in r.stdout and "No module named 'torch'" in r.stdout
     with tarfile.open(tmp_path / "out" / "gpu-record.tar.gz") as tar:
         names = {Path(n).name for n in tar.getnames()}
         facts = json.load(tar.extractfile("gpu-record/agent_gpu_facts.json"))  # type: ignore[arg-type]
     assert {"agent_gpu_facts.json", "query_gpu.csv", "compute_apps.csv", "list.txt",
-            "smi.xml", "table.txt", "version.txt", "kernel.txt", "summary.txt"} <= names
+            "smi.xml", "table.txt", "version.txt", "kernel.txt", "summary.txt",
+            "holder.txt"} <= names
     g = from_agent(facts)  # the recording parses as the facts a deploy would read
     assert (g.gpus[0].sm, len(g.gpus[0].mig_devices), g.gpus[0].mig) == ("sm_90", 4, True)
     assert (tmp_path / "out" / "summary.txt").read_text() == r.stdout

@@ -8,6 +8,10 @@ tests/fixtures/gpus/<name>/ are:
 * agent_gpu_facts.json - the host agent's own raw reading (``agent.gpu_facts``: NVML,
   nvidia-smi CSV by field name, ``-L``, the kernel's NVRM lines), as ``facts`` sends it;
 * probe_gpus.json      - the probe's per-poll GPU reading, when the agent has it;
+* busy/                - the same readings (agent facts, probe by NVML and by nvidia-smi,
+  query_gpu.csv, compute_apps.csv, torch_cuda.json) while a real CUDA process of PY holds
+  BUSY_GIB of GPU memory and multiplies matrices: a GPU in use, as a stale holder or a
+  loading server shows it;
 * version.txt, table.txt, query_gpu.csv, compute_apps.csv, list.txt, smi.xml - nvidia-smi;
 * kernel.txt           - the kernel's NVRM lines (journalctl -k or dmesg);
 * when PY (default: this python) imports a CUDA vLLM: vllm-start.log (a real start of
@@ -86,6 +90,68 @@ def record_agent(agent: ModuleType, python: str, work: Path) -> None:
         (work / "probe_gpus.json").write_text(json.dumps(probe(False), indent=1))
 
 
+BUSY_GIB = 6
+# A CUDA process that holds memory and keeps the GPU busy until stdin closes.
+HOLDER = (
+    "import sys, torch\n"
+    "hold = torch.empty(GIB << 30, dtype=torch.uint8, device='cuda')\n"
+    "a = torch.randn(4096, 4096, device='cuda', dtype=torch.bfloat16)\n"
+    "torch.cuda.synchronize(); print('holding', flush=True)\n"
+    "import select\n"
+    "while not select.select([sys.stdin], [], [], 0)[0]:\n"
+    "    for _ in range(50): a @ a\n"
+    "    torch.cuda.synchronize()\n"
+).replace("GIB", str(BUSY_GIB))
+
+
+def record_busy(smi: str, agent: ModuleType, python: str, work: Path) -> str:
+    """The readings again while a real CUDA process holds memory; one summary line."""
+    busy = work / "busy"
+    busy.mkdir()
+    proc = subprocess.Popen([python, "-c", HOLDER], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None and proc.stdin is not None
+    said = []  # torch may warn before it holds
+    for line in proc.stdout:
+        said.append(line)
+        if line.strip() == "holding":
+            break
+    try:
+        if not said or said[-1].strip() != "holding":
+            (busy / "holder.txt").write_text("".join(said))
+            return f"busy: holder did not start: {''.join(said)[-200:]}"
+        time.sleep(3)  # let utilisation and the process table settle
+        for name, args in (("query_gpu.csv", ["--query-gpu=" + agent.SMI_FACT_FIELDS
+                                              + agent.SMI_HEALTH_FIELDS, "--format=csv"]),
+                           ("compute_apps.csv", [agent.SMI_FACT_APPS, "--format=csv"]),
+                           ("table.txt", [])):
+            code, out = sh([smi, *args])
+            (busy / name).write_text(out if code == 0 else f"# exit {code}\n{out}")
+        facts = agent.gpu_facts(python)
+        (busy / "agent_gpu_facts.json").write_text(json.dumps(facts, indent=1))
+        (busy / "torch_cuda.json").write_text(json.dumps(agent.torch_cuda(python), indent=1))
+        # the probe as it runs on the environment's python: NVML in-process, then smi only
+        agent_py = repr(str(ROOT / "vigil" / "host" / "agent.py"))
+        code, out = sh([python, "-c", PROBE.replace("AGENT", agent_py)])
+        (busy / "probe_gpus.json").write_text(out)
+        return f"busy: holder pid {proc.pid} read while holding {BUSY_GIB} GiB"
+    finally:
+        proc.stdin.close()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+PROBE = (
+    "import importlib.util, json\n"
+    "spec = importlib.util.spec_from_file_location('agent', AGENT)\n"
+    "agent = importlib.util.module_from_spec(spec); spec.loader.exec_module(agent)\n"
+    "print(json.dumps({'nvml': agent.probe_gpus(False), 'smi': agent.probe_gpus(True)},"
+    " indent=1))\n"
+)
+
+
 def record_vllm_start(python: str, work: Path, minutes: float, torch_cuda: str) -> str:
     """A real start of the tiny model on the GPU; returns one line for the summary."""
     code, out = sh([python, "-c", "import vllm, torch; print(vllm.__version__, "
@@ -161,10 +227,11 @@ def main(argv: list[str] | None = None) -> int:
         work.mkdir()
         record_smi(smi, agent, work)
         record_agent(agent, args.python, work)
+        busy = record_busy(smi, agent, args.python, work)
         start = record_vllm_start(args.python, work, args.start_minutes,
                                   agent.TORCH_CUDA)
         _, first = sh([smi, "-L"])
-        summary = f"{first.splitlines()[0]}\n{start}\nfiles: " + " ".join(
+        summary = f"{first.splitlines()[0]}\n{busy}\n{start}\nfiles: " + " ".join(
             sorted(p.name for p in work.iterdir())) + "\n"
         (work / "summary.txt").write_text(summary)
         (args.out / "summary.txt").write_text(summary)
