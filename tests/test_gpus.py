@@ -3,10 +3,11 @@ with its source in the README there) and the preflight refusals built on them.""
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from vigil.deploy.gpucheck import (
     health_lines,
     health_problems,
     installed_arch_problems,
+    newest_cuda,
     runs_on,
     visible_devices_problems,
 )
@@ -30,15 +32,19 @@ from vigil.deploy.gpus import (
     GpuParseError,
     from_agent,
     parse_mig_list,
+    parse_nvml,
     parse_query_csv,
     parse_smi,
     parse_smi_xml,
     parse_xids,
+    stale_processes,
 )
+from vigil.deploy.plan import make_plan
 from vigil.deploy.preflight import check_host, problems, stale_gpu_processes
 from vigil.desired.config import Stack
 from vigil.errors import HostError, RefusedError
 from vigil.host import agent
+from vigil.verify.snapshot import Snapshot
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "gpus"
 
@@ -57,6 +63,20 @@ def capture(name: str) -> dict[str, Any]:
     return raw
 
 
+# vigil's own agent on a real H200 (README: h200_vigil/), idle and busy/
+VIGIL = FIX / "h200_vigil"
+H200_UUID = "GPU-db253080-9d12-48de-9a57-949b1a7023d0"
+
+
+def recorded(name: str) -> Any:
+    return json.loads((VIGIL / name).read_text())
+
+
+def smi_only(raw: dict[str, Any]) -> dict[str, Any]:
+    """The same reading as a host without nvidia-ml-py sends it: nvidia-smi's CSV only."""
+    return {**raw, "nvml": None, "nvml_error": "import pynvml: No module named 'pynvml'"}
+
+
 # name, GPUs, driver, sm, MiB total, MiB used (GPU 0), persistence, MIG, MIG devices,
 # processes on GPU 0, first process's MiB (None: "[N/A]")
 CAPTURES = [
@@ -70,6 +90,9 @@ CAPTURES = [
     ("rtx2080super_wddm", 1, "610.62", "sm_75", 8192, 1366, None, None, 0, 21, None),
     ("rtx_pro_6000_x9", 9, "580.65.06", "sm_120", 97887, 0, None, None, 0, 0, None),
     ("b200_x8", 8, None, "sm_100", 0, 0, None, None, 0, 0, None),
+    # vigil's own recording on a lent H200, idle and with a torch process holding 6 GiB
+    ("h200_vigil", 1, "580.159.04", "sm_90", 143771, 0, True, False, 0, 0, None),
+    ("h200_vigil/busy", 1, "580.159.04", "sm_90", 143771, 6835, True, False, 0, 1, 6826),
 ]
 
 
@@ -449,12 +472,158 @@ def test_stack_arch_fields_are_validated() -> None:
 
 
 def test_nvml_reading_with_compute_capability() -> None:
-    data = {"driver": "590.48.01", "cuda_driver": 13010, "gpus": [
-        {"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-0", "memory_total": 1,
-         "memory_used": 0, "cc": [9, 0], "processes": []}]}
-    g = from_agent({"nvml": data, **{k: v for k, v in capture("h100").items()
-                                     if k != "nvml"}})
-    assert (g.source, g.cuda, g.gpus[0].sm) == ("nvml", "13.1", "sm_90")
-    # nvidia-smi fills what NVML did not read (matched by index: the capture masks UUIDs)
-    assert g.gpus[0].persistence is True and g.gpus[0].bus_id == "00000000:00:09.0"
+    # the agent's real NVML reading (h200_vigil): cc [9, 0], cuda_driver 13000
+    nvml = recorded("agent_gpu_facts.json")["nvml"]
+    g = parse_nvml(nvml)
+    assert (g.source, g.cuda, g.gpus[0].sm, g.gpus[0].compute_cap) == (
+        "nvml", "13.0", "sm_90", "9.0")
+    # nvmlSystemGetCudaDriverVersion is major * 1000 + minor * 10: other drivers' values
+    for value, cuda in ((12080, "12.8"), (13010, "13.1"), (11040, "11.4")):
+        assert parse_nvml({**nvml, "cuda_driver": value}).cuda == cuda
+    # older bindings without the call: no cc, no sm, nothing guessed
+    (gpu,) = parse_nvml({**nvml, "gpus": [{**nvml["gpus"][0], "cc": None}]}).gpus
+    assert (gpu.compute_cap, gpu.sm) == (None, None)
     assert GpuFacts("none").count == 0
+
+
+# -- vigil's own agent on a real H200 (tests/fixtures/gpus/h200_vigil: idle, and busy/
+# while a real CUDA process held 6 GiB) -------------------------------------------------
+
+
+def test_the_agents_real_h200_reading_nvml_and_smi_agree() -> None:
+    raw = recorded("agent_gpu_facts.json")
+    g = from_agent(raw)
+    assert (g.source, g.error, g.count, g.driver, g.cuda) == (
+        "nvml", None, 1, "580.159.04", "13.0")  # cuda_driver 13000
+    gpu = g.gpus[0]
+    assert (gpu.index, gpu.name, gpu.uuid, gpu.sm, gpu.memory_total_bytes) == (
+        0, "NVIDIA H200", H200_UUID, "sm_90", 143771 * MIB)
+    # what NVML does not read comes from the CSV of the same reading, matched by UUID
+    assert (gpu.bus_id, gpu.persistence, gpu.mig, gpu.ecc_uncorrected,
+            gpu.retired_pages_pending, gpu.remap_pending, gpu.remap_failure) == (
+        "00000000:00:06.0", True, False, 0, None, False, False)
+    assert gpu.processes == () and stale_processes(g, [], raw["cmdlines"]) == []
+    # nvidia-smi alone: the same GPU; its CSV has no CUDA field, the driver table agrees
+    s = from_agent(smi_only(raw))
+    (sg,) = s.gpus
+    assert (s.source, s.driver, s.cuda, newest_cuda(s)) == (
+        "nvidia-smi", "580.159.04", None, "13.0")
+    assert replace(sg, memory_used_bytes=0) == replace(gpu, memory_used_bytes=0)
+    # ...but not the same "used": NVML (nvmlDeviceGetMemoryInfo v1) counts the driver's
+    # reservation, which the XML shows and nvidia-smi's memory.used leaves out
+    assert (gpu.memory_used_bytes, sg.memory_used_bytes) == (644939776, 0)
+    assert "<reserved>616 MiB</reserved>" in text("h200_vigil/smi.xml")
+    assert abs(gpu.memory_used_bytes - sg.memory_used_bytes - 616 * MIB) < 2 * MIB
+    assert health_problems("h200", g, GpuPolicy(), need=1) == []
+    assert health_lines(g, GpuPolicy()) == [
+        "GPU 0: sm_90; persistence on; MIG off; ECC uncorrected 0; pending: none",
+        "Xid events in the last 24 h (dmesg): 0"]
+
+
+def test_the_real_xml_report_agrees_with_the_csv() -> None:
+    xml = parse_smi_xml(text("h200_vigil/smi.xml"))
+    csv = parse_smi(text("h200_vigil/query_gpu.csv"), text("h200_vigil/compute_apps.csv"),
+                    text("h200_vigil/list.txt"))
+    assert (xml.driver, xml.cuda, csv.driver) == ("580.159.04", "13.0", "580.159.04")
+    (x,), (c,) = xml.gpus, csv.gpus
+    # the XML has no compute capability; everything else it and the CSV both carry agrees
+    assert (x.compute_cap, c.compute_cap) == (None, "9.0")
+    assert replace(x, compute_cap="9.0") == c
+    assert (c.name, c.uuid, c.memory_total_bytes, c.memory_used_bytes, c.ecc_uncorrected,
+            c.processes, c.mig_devices) == ("NVIDIA H200", H200_UUID, 143771 * MIB, 0, 0, (), ())
+
+
+def test_real_dmesg_iso_lines_with_a_comma_parse_and_hold_no_xid() -> None:
+    raw = recorded("agent_gpu_facts.json")
+    assert raw["kernel"].splitlines() == text("h200_vigil/kernel.txt").splitlines()
+    g = from_agent(raw)
+    assert (g.xids, g.kernel_log, g.now) == ((), "dmesg", datetime(2026, 11, 30, 18, 45, 23,
+                                                                  tzinfo=UTC))
+    # the real prefix (`dmesg --time-format iso`: a comma before the fraction) in front of
+    # the real Xid 109 line of the ctime capture: timed, matched to the H200 by PCI address
+    prefix = raw["kernel"].splitlines()[-1].split(" NVRM: ", 1)[0]
+    assert prefix == "2026-11-30T18:44:56,478566+00:00"
+    xid = text("kernel/dmesg_ctime_xid13_xid109.txt").splitlines()[-1].split("] ", 1)[1]
+    h200 = g.gpus[0]
+    (ev,) = parse_xids(f"{prefix} {xid}", [replace(h200, bus_id="00000000:CB:00.0")])
+    assert (ev.code, ev.time, ev.gpu) == (109, datetime(2026, 11, 30, 18, 44, 56, tzinfo=UTC), 0)
+    strict = GpuPolicy(refuse_xids=frozenset({109}))
+    (err,) = health_problems("h200", replace(g, xids=(ev,)), strict, need=1)
+    assert "1 Xid event(s) in the last 24 h (dmesg)" in str(err)
+    # that host ran in UTC, which is also what a zone-less line is taken as; dmesg prints
+    # the local zone, so the same prefix one zone east pins the comma's handling
+    (east,) = parse_xids(f"{prefix.replace('+00:00', '+01:00')} {xid}")
+    assert east.time == datetime(2026, 11, 30, 17, 44, 56, tzinfo=UTC)
+
+
+def test_a_real_cuda_process_on_the_h200_is_a_holder_that_is_not_vigils() -> None:
+    raw = recorded("busy/agent_gpu_facts.json")
+    g = from_agent(raw)
+    (proc,) = g.gpus[0].processes
+    assert (proc.pid, proc.used_bytes, proc.name) == (476, 6826 * MIB, None)  # NVML: no name
+    (sproc,) = from_agent(smi_only(raw)).gpus[0].processes
+    assert (sproc.pid, sproc.used_bytes, sproc.name) == (476, 6826 * MIB,
+                                                         "/opt/torch/.venv/bin/python3")
+    # busy, the same ~615 MiB apart: NVML 7449.9 MiB, nvidia-smi 6835 MiB
+    assert g.gpus[0].memory_used_bytes == 7811760128
+    assert from_agent(smi_only(raw)).gpus[0].memory_used_bytes == 6835 * MIB
+    (stale,) = stale_processes(g, [4242], raw["cmdlines"])
+    assert stale.describe().startswith(
+        "pid 476 holds 6.7 GiB on GPU 0: /opt/torch/.venv/bin/python3 -c import sys, torch\n"
+        "hold = torch.empty(6 << 30")
+    assert stale_processes(g, [476], raw["cmdlines"]) == []  # the service's own: not stale
+    t = target()
+    facts = facts_for(t, gpus=raw)  # no service pids: everything on the GPU is another's
+    (held,) = [str(e) for e in problems("llm-one", t.profile, t.rendered, facts, stack=t.stack)
+               if "held by" in str(e)]
+    assert "GPU memory is held by 1 process(es) outside vllm.service" in held
+    assert "pid 476 holds 6.7 GiB on GPU 0: /opt/torch/.venv/bin/python3" in held
+    # --kill-stale ends exactly that process, re-checked by its real start time and command
+    (kill,) = [a for a in make_plan("llm-one", t.stack, t.rendered, facts,
+                                    kill_pids=(476,)).actions if a.kind == "kill"]
+    assert kill.payload["expect"] == {"476": {"start": 3118, "cmdline": raw["cmdlines"]["476"]}}
+
+
+def test_both_real_probe_readings_reproduced_and_read_by_the_watcher(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    probe = recorded("busy/probe_gpus.json")
+    facts = recorded("busy/agent_gpu_facts.json")
+    # NVML: the agent's own read of that moment, through the probe's in-process path
+    monkeypatch.setitem(agent._NVML, "nvml_read", lambda: facts["nvml"])
+    assert agent.probe_gpus(False) == probe["nvml"]
+    # nvidia-smi: the real CSVs of that moment replayed
+    fake_smi(tmp_path, monkeypatch, "h200_vigil/busy")
+    assert agent.probe_gpus(True) == probe["smi"]
+    for source, used in (("nvml", 7449.875), ("smi", 6835.0)):
+        gpus = Snapshot.from_dict({"time": 0.0, "gpus": probe[source]}).gpus
+        assert gpus is not None and gpus.error is None
+        (dev,) = gpus.devices
+        assert (dev.name, dev.memory_total_mib, gpus.used_mib) == (
+            "NVIDIA H200", 143771.0, used)
+        assert [(p.pid, p.used_mib) for p in dev.processes] == [(476, 6826.0)]
+    assert recorded("probe_gpus.json")["devices"][0]["memory_used_mib"] == 615.0625  # idle
+
+
+def test_the_real_cu130_torch_on_the_h200() -> None:
+    reply = {"torch_cuda": recorded("busy/torch_cuda.json")}
+    assert reply["torch_cuda"]["archs"] == ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100",
+                                            "sm_120"]
+    gpus = list(from_agent(recorded("busy/agent_gpu_facts.json")).gpus)
+    cu130 = Stack(name="cu130", packages={"vllm": "0.20.0", "torch": "2.11.0"}, cuda="13.0",
+                  gpu_archs={"torch": ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100",
+                                       "sm_120"]})
+    assert installed_arch_problems(cu130, reply) == []  # sm_90 kernels for the 9.0 GPU
+    assert arch_problems("h200", cu130, gpus) == []
+    # the repo's CUDA 12.9 stacks state sm_70; CUDA 13's torch dropped Volta
+    (lacks,) = installed_arch_problems(target().stack, reply)
+    assert lacks.startswith("torch 2.10.0 lacks sm_70, which stack vllm-0.16-nightly states")
+    # a stack built for Blackwell only has no kernels for this Hopper GPU
+    blackwell = cu130.model_copy(update={"gpu_archs": {"torch": ["sm_100"]}})
+    (err,) = arch_problems("h200", blackwell, gpus)
+    assert str(err.message).startswith(
+        "h200: GPU 0 is sm_90 (NVIDIA H200); torch 2.11.0, CUDA 13.0 has kernels up to sm_100")
+    # the real driver: CUDA 13.0 fits (580.65.06), 13.1 does not (590.44.01)
+    real = from_agent(recorded("busy/agent_gpu_facts.json"))
+    assert driver_problems("h200", cu130, real) == []
+    (old,) = driver_problems("h200", cu130.model_copy(update={"cuda": "13.1"}), real)
+    assert "driver 580.159.04 (its newest CUDA is 13.0) is older than 590.44.01" in str(old)
