@@ -87,6 +87,30 @@ def test_fatal_log_replays_crashed(tmp_path: Path) -> None:
     assert "nvidia-smi" in out["remedy"]
 
 
+def test_a_logged_exception_is_a_chain_link_until_its_root_comes(tmp_path: Path) -> None:
+    # logger.exception(e): the exception's text, then the traceback, each line under the
+    # logger's prefix (V0 run_mp_engine; HabanaAI/vllm-fork#809 and #1474).
+    head = ("ERROR 02-07 14:50:47 engine.py:387] 0 active drivers ([]). There should only "
+            "be one.\n"
+            "ERROR 02-07 14:50:47 engine.py:387] Traceback (most recent call last):\n"
+            'ERROR 02-07 14:50:47 engine.py:387]   File "/w/vllm/engine/llm_engine.py", '
+            "line 274, in __init__\n")
+    p = tmp_path / "logged.log"
+    p.write_text(head)
+    out = replay.replay_file(p)
+    assert (out["verdict"], out["cause"]) == ("crashed", "unknown")
+    assert "0 active drivers" in out["proof"]
+    p.write_text(head + "ERROR 02-07 14:50:47 engine.py:387] ValueError: Free memory on "
+                 "device cuda:0 (1.2/79.1 GiB) on startup is less than desired GPU memory "
+                 "utilization (0.92, 72.8 GiB).\n")
+    assert replay.replay_file(p)["cause"] == "gpu_memory_held"
+    # another logger's traceback, or an ERROR line on its own, proves nothing
+    p.write_text("ERROR 02-07 14:50:47 engine.py:387] 0 active drivers ([]).\n"
+                 "ERROR 02-07 14:50:48 other.py:9] Traceback (most recent call last):\n"
+                 "ERROR 02-07 14:50:49 engine.py:387] retrying\n")
+    assert replay.replay_file(p)["verdict"] is None
+
+
 def test_fatal_after_startup_complete_is_not_ready(tmp_path: Path) -> None:
     p = tmp_path / "dead.log"
     p.write_text("INFO 11-29 10:00:00 [a.py:1] Starting vLLM server on http://0.0.0.0:8000\n"

@@ -160,6 +160,9 @@ class WatchState:
     warnings: tuple[str, ...] = ()
     fatal: tuple[Fatal, ...] = ()  # in the order seen
     last_line: str = ""
+    # The last ERROR line that classified as nothing, with its source and process: if a
+    # traceback follows it from the same logger, it was logger.exception()'s message.
+    error_line: tuple[str | None, str | None, str] | None = None
     evidence: Evidence = Evidence()
     weak_crash_at: float | None = None  # a crash proven only weakly, first seen (waiting)
     exit_line_at: float | None = None  # systemd's "Main process exited" line of this start
@@ -382,6 +385,26 @@ class _Fold:
     phase_changed: bool = False
 
 
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+def _error_line(m: catalog.Match, text: str) -> tuple[str | None, str | None, str] | None:
+    line = m.line
+    if m.kind == "other" and line.level in ("ERROR", "CRITICAL") and line.source \
+            and line.message != _TRACEBACK:
+        return line.source, line.proc, text.strip()
+    return None
+
+
+def _logged_exception(prev: tuple[str | None, str | None, str] | None,
+                      m: catalog.Match) -> str | None:
+    """The previous line, if this line opens a traceback under the same logger prefix."""
+    line = m.line
+    if prev is None or line.message != _TRACEBACK or line.level not in ("ERROR", "CRITICAL"):
+        return None
+    return prev[2] if (line.source, line.proc) == prev[:2] else None
+
+
 def _fold_lines(st: WatchState, snap: Snapshot, now: float) -> tuple[_Fold, WatchState]:
     f = _Fold(spans=list(st.spans), fatal=list(st.fatal), shards=st.shards, st=st)
     for entry in snap.journal.lines:
@@ -396,7 +419,16 @@ def _fold_lines(st: WatchState, snap: Snapshot, now: float) -> tuple[_Fold, Watc
         if m.kind == "other" and not m.line.message:
             continue
         f.new_lines += 1
-        f.st = replace(f.st, last_line=m.line.message)
+        logged = _logged_exception(f.st.error_line, m)
+        f.st = replace(f.st, last_line=m.line.message, error_line=_error_line(m, entry.text))
+        # Python's logger.exception(msg): msg, then the traceback, each line under the
+        # logger's prefix (V0 run_mp_engine logs the exception's text this way, e.g.
+        # Gaudi's "0 active drivers"). The failure's own line ends the traceback, if the
+        # log has it; until then this is a chain link.
+        if logged is not None and len(f.fatal) < MAX_FATAL and not (
+                f.st.started_at is not None and t < f.st.started_at):
+            f.fatal.append(Fatal("unknown", logged[:2000], catalog.remedy_for("unknown"),
+                                 "chain", t, after_stop=f.st.stop_asked))
         if m.reached is not None and f.st.verdict != "ready":
             f.phase_changed |= _advance(f.spans, m.reached, t)
         if m.kind in ("fatal", "serving", "marker") or m.reached is not None:
