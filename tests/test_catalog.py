@@ -237,7 +237,35 @@ FATALS = [
     ("platform_not_detected", "RuntimeError: Failed to infer device type"),
     ("unsupported_model", "ValueError: InternVLForConditionalGeneration has no vLLM "
      "implementation and the Transformers implementation is not compatible with vLLM."),
+    # The fourth harvest (HARVEST4.tsv): torch's NCCL watchdog (vllm-8978, -6042, -5484),
+    # V0's worker monitor and worker wrappers (vllm-6042, OpenRLHF-336)
+    ("nccl_error", "[rank2]:[E1001 16:06:04.537131842 ProcessGroupNCCL.cpp:607] [Rank 2] "
+     "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, "
+     "NumelIn=128, NumelOut=128, Timeout(ms)=600000) ran for 600009 milliseconds before "
+     "timing out."),
+    ("nccl_error", "[rank0]:[E ProcessGroupNCCL.cpp:577] [Rank 0] Some NCCL operations have "
+     "failed or timed out. Due to the asynchronous nature of CUDA kernels, subsequent GPU "
+     "operations might run on corrupted/incomplete data."),
+    ("engine_dead", "Worker VllmWorkerProcess pid 1159 died, exit code: -6"),
+    ("unknown", "Error executing method 'initialize_cache'. This might cause deadlock in "
+     "distributed execution."),
+    ("unknown", "Exception in worker VllmWorkerProcess while processing method load_model."),
 ]
+
+
+@pytest.mark.parametrize(("line", "phase"), [
+    ("ERROR 06-28 06:11:45 worker_base.py:145] Error executing method initialize_cache. "
+     "This might cause deadlock in distributed execution.", "kv_cache"),
+    ("(RayWorkerWrapper pid=9) ERROR 05-09 09:13:07 [worker_base.py:620] Error executing "
+     "method 'init_device'. This might cause deadlock in distributed execution.", "engine_init"),
+    ("(VllmWorkerProcess pid=2) ERROR 09-27 05:20:38 multiproc_worker_utils.py:233] Exception "
+     "in worker VllmWorkerProcess while processing method determine_num_available_blocks: CUDA "
+     "out of memory. Tried to allocate 19.63 GiB.", "kv_cache"),
+    ("ERROR 04-14 13:53:52 worker_base.py:593] Error executing method 'load_model'. This "
+     "might cause deadlock in distributed execution.", "loading_weights"),
+])
+def test_a_failed_worker_method_names_the_phase(line: str, phase: str) -> None:
+    assert catalog.classify(line).reached == phase
 
 
 def test_the_transformers_fallback_warning_is_not_fatal() -> None:

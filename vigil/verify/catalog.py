@@ -363,10 +363,17 @@ CAUSES: tuple[Cause, ...] = (
         (r"NCCL error|Failed to load NCCL library|NCCL WARN .*(?:failed|error)"
          r"|ncclSystemError|ncclInternalError|ncclUnhandledCudaError"
          # cupy's binding (0.9): NcclError: NCCL_ERROR_SYSTEM_ERROR: …
-         r"|NCCL_ERROR_[A-Z_]+",),
-        ("0.5.4", "0.10", "0.33"),
+         r"|NCCL_ERROR_[A-Z_]+",
+         # torch's ProcessGroupNCCL watchdog (LOG(ERROR) in checkTimeout): a collective
+         # never finished, and torch takes the process down (any torch 2.x under vLLM)
+         r"Watchdog caught collective operation timeout"
+         r"|Some NCCL operations have failed or timed out"),
+        ("0.5", "0.5.4", "0.6", "0.10", "0.33"),
         "NCCL failed: check that every GPU is visible and healthy (nvidia-smi topo -m), the "
-        "NCCL library matches torch, and run with NCCL_DEBUG=INFO to see the failing transport",
+        "NCCL library matches torch, and run with NCCL_DEBUG=INFO to see the failing "
+        "transport; a collective that timed out (the watchdog) means a rank hung or died "
+        "first: read every rank's log, and try NCCL_P2P_DISABLE=1 if the first all-reduce "
+        "never completes",
         reached="distributed_init",
     ),
     Cause(
@@ -597,7 +604,9 @@ CAUSES: tuple[Cause, ...] = (
          r"unexpectedly|WorkerProc hit an exception|Worker failed with error"
          r"|AsyncEngineDeadError|Background loop has errored already"
          # V0 multiprocessing front end (0.6 → 0.8)
-         r"|Engine process \(pid \d+\) died|MQLLMEngine is already dead",),
+         r"|Engine process \(pid \d+\) died|MQLLMEngine is already dead"
+         # V0 multiproc_worker_utils.WorkerMonitor (0.5 → 0.8)
+         r"|Worker \S+ pid \d+ died, exit code: -?\d+",),
         ("0.5", "0.8", "0.11", "0.20"),
         "the engine died after starting: read the traceback before this line in the journal "
         "(journalctl -u UNIT); a first completion failing after /health 200 often means the "
@@ -630,6 +639,10 @@ CAUSES: tuple[Cause, ...] = (
          r"|[Gg]ot fatal signal from worker processes"
          # V0 multiprocessing front end (0.6 → 0.8)
          r"|Engine process failed to start"
+         # a V0 worker wrapper logging a failed method before re-raising it (0.4 → 0.8):
+         # worker_base.execute_method, multiproc_worker_utils._run_worker_process
+         r"|Error executing method '?\w+'?\. This might cause deadlock"
+         r"|Exception in worker \S+ while processing method \w+"
          # systemd: the main process exited with a failure status (not a clean stop)
          r"|Main process exited, code=(?:exited, status=[1-9]\d*/|dumped)",),
         ("0.10", "0.33"),
@@ -665,6 +678,10 @@ _FLATTENED = re.compile(r"\b(?:[a-z_]\w{0,40}\.){1,6}[A-Z]\w{0,60}(?:Error|Excep
 _FRAME_ANY = re.compile(r'^File "[^"]*", line \d+, in (?P<func>[\w<>]+)')
 # Only vLLM's own frames: a wrapper's `load_model` (a demo, a framework) proves nothing.
 _FRAME = re.compile(r'^File "[^"]*vllm[/\\][^"]*", line \d+, in (?P<func>[\w<>]+)')
+# A V0 worker wrapper names the worker method that failed; the method is the frame
+# (initialize_cache: the KV cache; load_model: the weights).
+_WORKER_METHOD = re.compile(
+    r"(?:Error executing method|while processing method) '?(?P<func>\w{1,80})")
 # Process names in vLLM's prefix: an engine core or a worker exists, so the start is past
 # bootstrap (`EngineCore_DP0`, `VllmWorker rank=0`, `Worker_TP1`, `RayWorkerWrapper`).
 _PROC_PHASE = re.compile(r"^(?:EngineCore|VllmWorker|Worker|RayWorkerWrapper)")
@@ -824,7 +841,7 @@ def _floats(groups: dict[str, str | None]) -> dict[str, float]:
 
 
 def _reached(line: Line, msg: str) -> str | None:
-    frame = _FRAME.match(msg)
+    frame = _FRAME.match(msg) or _WORKER_METHOD.search(msg)
     if frame:
         func = frame.group("func")
         for p in reversed(PHASE_RECORDS):
