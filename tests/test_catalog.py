@@ -253,6 +253,17 @@ FATALS = [
 ]
 
 
+def test_what_vllm_logs_below_error_is_not_fatal() -> None:
+    # Since 0.6.5 (vllm#11138) the Ray placement-group shortfall is a warning and vLLM
+    # waits for the GPUs; older releases raised the same words.
+    words = ("The number of required GPUs exceeds the total number of available GPUs in "
+             "the placement group.")
+    assert catalog.classify(f"WARNING 04-01 02:45:50 ray_utils.py:320] {words}").kind != "fatal"
+    assert catalog.classify(f"INFO 04-01 02:45:50 [x.py:1] {words}").kind != "fatal"
+    m = catalog.classify(f"ValueError: {words}")
+    assert (m.kind, m.cause) == ("fatal", "not_enough_gpus")
+
+
 @pytest.mark.parametrize(("line", "phase"), [
     ("ERROR 06-28 06:11:45 worker_base.py:145] Error executing method initialize_cache. "
      "This might cause deadlock in distributed execution.", "kv_cache"),

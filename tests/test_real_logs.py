@@ -84,12 +84,13 @@ def test_held_out_fifth_does_not_regress() -> None:
 
 def test_post_freeze_harvest_does_not_regress() -> None:
     both = sum(_got(r)[:2] == (r["expected_verdict"], r["expected_cause"]) for r in HARVEST3)
-    assert both >= 6, f"{both}/{len(HARVEST3)}"  # 6/7 when first scored
+    assert both >= 7, f"{both}/{len(HARVEST3)}"  # 6/7 when first scored, 7/7 since HARVEST4
 
 
 def test_fourth_harvest_does_not_regress() -> None:
     both = sum(_got(r)[:2] == (r["expected_verdict"], r["expected_cause"]) for r in HARVEST4)
-    assert both >= 26, f"{both}/{len(HARVEST4)}"  # 26/32 held out, before any rule change
+    # 26/32 held out, before any rule change; 31/32 after the rules it prompted
+    assert both >= 31, f"{both}/{len(HARVEST4)}"
 
 
 def test_no_real_log_times_out() -> None:

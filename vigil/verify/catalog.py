@@ -877,7 +877,10 @@ def classify(text: str) -> Match:
     if msg.startswith("File \""):
         flat = _FLATTENED.search(msg)
         text = msg[flat.start():] if flat else ""
-    if "Ignoring incompatible flashinfer" not in msg and text:
+    # vLLM raises what is fatal; what it logs at DEBUG/INFO/WARNING it survives (since
+    # 0.6.5 the Ray placement-group shortfall is a warning, and vLLM waits for the GPUs).
+    advisory = line.level in ("DEBUG", "INFO", "WARNING", "WARN")
+    if "Ignoring incompatible flashinfer" not in msg and text and not advisory:
         for cause in CAUSES:
             fm = cause.regex.search(text)
             if fm:
