@@ -31,6 +31,12 @@ P31 = "(APIServer pid=1) INFO 11-29 10:01:02 [api_server.py:12] "
         # ≤0.11 colours
         ("\x1b[32mINFO\x1b[0m 11-29 10:01:02 [x.py:1] m", None, None, "INFO",
          "11-29 10:01:02", "m"),
+        # a custom logging format keeps vLLM's source block last (vllm#11366), and a
+        # terminal copy leaves a CR as "^M"
+        ("2024-12-19 21:40:35 ERROR 56542 [async_llm_engine.py:64] RuntimeError: x^M", None,
+         None, "ERROR", None, "RuntimeError: x"),
+        # a source block without a level word before it is not a prefix
+        ("see [x.py:1] for details", None, None, None, None, "see [x.py:1] for details"),
     ],
 )
 def test_parse_line(text: str, proc: str | None, pid: int | None, level: str | None,

@@ -732,6 +732,12 @@ _PREFIX = re.compile(
     re.DOTALL,
 )
 
+# Bounded and bracket-free before the source: linear on hostile lines.
+_SOURCE_LAST = re.compile(
+    r"^(?P<pre>[^\[\]]{0,120}?)\[(?P<source>[\w.\-/]{1,120}\.py:\d{1,6})\]\s?(?P<msg>.*)$",
+    re.DOTALL)
+_LEVEL_WORD = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")
+
 
 @dataclass(frozen=True)
 class Line:
@@ -761,6 +767,8 @@ def _unwrap(text: str) -> str:
 def parse_line(text: str) -> Line:
     # tqdm redraws with \r: the last redraw is the state that counts.
     clean = strip_ansi(text).rstrip("\r\n")
+    if clean.endswith("^M"):  # a CR in caret notation, as a terminal copy leaves it
+        clean = clean[:-2]
     if "\r" in clean:
         parts = [p for p in clean.split("\r") if p.strip()]
         clean = parts[-1] if parts else ""
@@ -768,6 +776,15 @@ def parse_line(text: str) -> Line:
     m = _PREFIX.match(clean)
     if m is None:  # pragma: no cover - the pattern matches any string
         return Line(None, None, None, None, None, clean.strip())
+    if m.group("level") is None and m.group("proc") is None:
+        # A custom logging format (VLLM_LOGGING_CONFIG_PATH, a wrapper's logger) moves the
+        # fields around but keeps vLLM's `[file.py:N]` source last: the level is a word
+        # before it ("2024-12-19 21:40:35 ERROR 56542 [async_llm_engine.py:64] msg").
+        sm = _SOURCE_LAST.match(clean)
+        level = _LEVEL_WORD.search(sm.group("pre")) if sm else None
+        if sm is not None and level is not None:
+            return Line(None, None, level.group(0), None, sm.group("source"),
+                        sm.group("msg").strip())
     pid = m.group("pid")
     return Line(
         proc=m.group("proc"),
