@@ -69,13 +69,17 @@ def host(lab_hosts: object, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     sh(f"touch /tmp/vigil-nothrottle; {STOP}")
 
 
-# systemd inside a lab host cannot always kill the whole cgroup ("Failed to kill control
-# group ... Input/output error"): a worker orphaned by the kill -9 test would keep
-# spinning on the shared cores. End any leftover.
-STOP = ("systemctl stop vllm; systemctl reset-failed vllm || true; "
-        "CG=/sys/fs/cgroup/systemd/system.slice/vllm.service/cgroup.procs; "
-        "for i in $(seq 20); do P=$(cat $CG 2>/dev/null); [ -z \"$P\" ] && break; "
-        "kill -9 $P 2>/dev/null; sleep 0.5; done; true")
+# The tests' own cleanup, never under test. vLLM mid-start does not answer SIGTERM, so a
+# plain `systemctl stop` waits out TimeoutStopSec (90 s, measured) before its SIGKILL:
+# start the stop, SIGKILL the cgroup at once. And systemd inside a lab host cannot
+# always kill the whole cgroup ("Failed to kill control group ... Input/output error"):
+# a worker orphaned by the kill -9 test would keep spinning on the shared cores. End
+# any leftover.
+_KILL_CGROUP = ("CG=/sys/fs/cgroup/systemd/system.slice/vllm.service/cgroup.procs; "
+                "for i in $(seq 20); do P=$(cat $CG 2>/dev/null); [ -z \"$P\" ] && break; "
+                "kill -9 $P 2>/dev/null; sleep 0.5; done; ")
+STOP = (f"systemctl stop --no-block vllm; sleep 0.5; {_KILL_CGROUP}"
+        f"systemctl stop vllm; systemctl reset-failed vllm || true; {_KILL_CGROUP}true")
 
 
 def start(clear_cache: bool = False) -> None:
@@ -340,7 +344,8 @@ def test_operator_stop_during_verify_is_stopped_not_crashed(host: Path) -> None:
 
     def operator_stop(st: reducer.WatchState, snap: Snapshot) -> None:
         if not stopped_at and st.phase in ("loading_weights", "compiling", "kv_cache"):
-            sh("systemctl stop vllm")
+            # as from the operator's own terminal: the watch goes on meanwhile
+            sh("systemctl stop --no-block vllm")
             stopped_at.append(st.polls)
 
     try:
@@ -363,7 +368,8 @@ def test_operator_restart_during_verify_is_stopped_not_crashed(host: Path) -> No
 
     def operator_restart(st: reducer.WatchState, snap: Snapshot) -> None:
         if not restarted and st.phase in ("loading_weights", "compiling", "kv_cache"):
-            sh("systemctl restart vllm")
+            # as from the operator's own terminal: the watch goes on meanwhile
+            sh("systemctl restart --no-block vllm")
             restarted.append(st.polls)
 
     try:
