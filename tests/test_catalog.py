@@ -249,14 +249,25 @@ FATALS = [
      "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, "
      "NumelIn=128, NumelOut=128, Timeout(ms)=600000) ran for 600009 milliseconds before "
      "timing out."),
-    ("nccl_error", "[rank0]:[E ProcessGroupNCCL.cpp:577] [Rank 0] Some NCCL operations have "
-     "failed or timed out. Due to the asynchronous nature of CUDA kernels, subsequent GPU "
-     "operations might run on corrupted/incomplete data."),
+    ("nccl_error", "(RayWorkerVllm pid=409241) [E ProcessGroupNCCL.cpp:474] [Rank 1] Watchdog "
+     "caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, "
+     "NumelOut=1, Timeout(ms)=1800000) ran for 1800762 milliseconds before timing out."),
+    ("unknown", "terminate called after throwing an instance of 'c10::DistBackendError'"),
     ("engine_dead", "Worker VllmWorkerProcess pid 1159 died, exit code: -6"),
     ("unknown", "Error executing method 'initialize_cache'. This might cause deadlock in "
      "distributed execution."),
     ("unknown", "Exception in worker VllmWorkerProcess while processing method load_model."),
 ]
+
+
+def test_the_watchdogs_generic_failure_line_names_no_cause() -> None:
+    # torch logs it for any failure the watchdog meets (a CUDA illegal memory access
+    # too): only a timed-out collective proves NCCL
+    m = catalog.classify("[rank0]:[E ProcessGroupNCCL.cpp:577] [Rank 0] Some NCCL operations "
+                         "have failed or timed out. Due to the asynchronous nature of CUDA "
+                         "kernels, subsequent GPU operations might run on corrupted/incomplete "
+                         "data.")
+    assert m.cause != "nccl_error"
 
 
 def test_what_vllm_logs_below_error_is_not_fatal() -> None:

@@ -365,9 +365,10 @@ CAUSES: tuple[Cause, ...] = (
          # cupy's binding (0.9): NcclError: NCCL_ERROR_SYSTEM_ERROR: …
          r"|NCCL_ERROR_[A-Z_]+",
          # torch's ProcessGroupNCCL watchdog (LOG(ERROR) in checkTimeout): a collective
-         # never finished, and torch takes the process down (any torch 2.x under vLLM)
-         r"Watchdog caught collective operation timeout"
-         r"|Some NCCL operations have failed or timed out"),
+         # never finished, and torch takes the process down (any torch 2.x under vLLM).
+         # Not its "Some NCCL operations have failed or timed out": torch logs that for
+         # any error the watchdog meets, a CUDA illegal memory access too.
+         r"Watchdog caught collective operation timeout"),
         ("0.5", "0.5.4", "0.6", "0.10", "0.33"),
         "NCCL failed: check that every GPU is visible and healthy (nvidia-smi topo -m), the "
         "NCCL library matches torch, and run with NCCL_DEBUG=INFO to see the failing "
@@ -635,6 +636,9 @@ CAUSES: tuple[Cause, ...] = (
          r"|Engine core initialization failed|EngineCore hit an exception"
          # multiproc_executor.wait_for_ready, 0.9+
          r"|WorkerProc initialization failed due to an exception"
+         # libstdc++'s terminate handler: a C++ exception nobody caught aborts the process
+         # (torch's c10::DistBackendError from the NCCL watchdog thread, vllm#20170/#11248)
+         r"|terminate called after throwing an instance of"
          # the executor/core client relaying a worker's SIGUSR1 (0.8+)
          r"|[Gg]ot fatal signal from worker processes"
          # V0 multiprocessing front end (0.6 → 0.8)
