@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,17 @@ from tests import synth
 from vigil.verify import catalog, reducer
 from vigil.verify.budgets import Budgets
 from vigil.verify.replay import load
-from vigil.verify.snapshot import Http, Journal, LogLine, Proc, Processes, Smoke, Snapshot, Unit
+from vigil.verify.snapshot import (
+    Gpus,
+    Http,
+    Journal,
+    LogLine,
+    Proc,
+    Processes,
+    Smoke,
+    Snapshot,
+    Unit,
+)
 
 TRACES = Path(__file__).parent / "fixtures" / "traces"
 
@@ -469,3 +480,19 @@ def test_the_wrapper_line_is_demoted_below_the_root_exception_after_it() -> None
 def test_traceback_frames_and_process_names_move_the_phase(
         lines: tuple[str, ...], phase: str) -> None:
     assert fold([_snap(0, *lines)])[-1].phase == phase
+
+
+def test_gpu_memory_from_two_sources_is_never_compared() -> None:
+    # The real H200 reading of one moment (tests/fixtures/gpus/h200_vigil/busy/): NVML's
+    # "used" holds the driver's reservation, nvidia-smi's does not (7449.9 vs 6835 MiB).
+    # A probe that falls back from NVML to nvidia-smi for one poll must not read the
+    # difference as weights arriving.
+    real = json.loads((Path(__file__).parent / "fixtures" / "gpus" / "h200_vigil" / "busy"
+                       / "probe_gpus.json").read_text())
+    base = synth.Sim(has_gpus=True).snap()
+    nvml = base.model_copy(update={"gpus": Gpus.model_validate(real["nvml"])})
+    smi = base.model_copy(update={"gpus": Gpus.model_validate(real["smi"]), "time": 5.0})
+    again = smi.model_copy(update={"time": 10.0})
+    assert reducer._gpu_delta(reducer._baseline(nvml), reducer._baseline(smi)) is None
+    assert reducer._gpu_delta(reducer._baseline(smi), reducer._baseline(again)) == 0.0
+    assert reducer._gpu_delta(reducer._baseline(nvml), reducer._baseline(nvml)) == 0.0

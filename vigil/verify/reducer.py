@@ -110,6 +110,9 @@ class Baseline:
     alive: bool | None
     rss_bytes: int | None
     gpu_mib: Mapping[int, float] | None
+    # NVML's "used" counts the driver's reservation (615 MiB per H200, measured) and
+    # nvidia-smi's does not: readings from different sources are never compared
+    gpu_source: str
     cache_bytes: int | None
     cache_files: int | None
     cache_newest: float | None
@@ -203,6 +206,7 @@ def _baseline(snap: Snapshot) -> Baseline:
         alive=alive,
         rss_bytes=rss,
         gpu_mib=gpu,
+        gpu_source=gpus.source if gpus is not None else "",
         cache_bytes=cache.bytes if cache is not None and readable else None,
         cache_files=cache.files if cache is not None and readable else None,
         cache_newest=cache.newest_mtime if cache is not None and readable else None,
@@ -217,7 +221,7 @@ def _cpu_delta(a: Baseline, b: Baseline) -> float | None:
 
 
 def _gpu_delta(a: Baseline, b: Baseline) -> float | None:
-    if a.gpu_mib is None or b.gpu_mib is None:
+    if a.gpu_mib is None or b.gpu_mib is None or a.gpu_source != b.gpu_source:
         return None
     keys = set(a.gpu_mib) | set(b.gpu_mib)
     return sum(abs(b.gpu_mib.get(k, 0.0) - a.gpu_mib.get(k, 0.0)) for k in keys)
