@@ -257,7 +257,42 @@ FATALS = [
     ("unknown", "Error executing method 'initialize_cache'. This might cause deadlock in "
      "distributed execution."),
     ("unknown", "Exception in worker VllmWorkerProcess while processing method load_model."),
+    # The sixth harvest (HARVEST6.tsv): NCCL's init refusing two ranks on one device
+    # (trl#3310), a cache under an unwritable HOME (aphrodite#458)
+    ("nccl_error", "batch-block7-00733:2353883:2353883 [0] init.cc:943 NCCL WARN Duplicate "
+     "GPU detected : rank 2 and rank 0 both on CUDA device f000"),
+    ("cache_dir_not_writable", "ERROR:    PermissionError: [Errno 13] Permission denied: "
+     "'/app/aphrodite-engine/.triton'"),
+    ("cache_dir_not_writable", "PermissionError: [Errno 13] Permission denied: '/.cache'"),
+    # A KV budget of nothing, logged at INFO right before vLLM raises (vllm-omni#469,
+    # QAnything#302)
+    ("kv_cache_too_small", "(EngineCore_DP0 pid=563) INFO 12-23 23:34:23 [gpu_worker.py:298] "
+     "Available KV cache memory: -2.77 GiB"),
+    ("kv_cache_too_small", "INFO 04-27 10:13:05 llm_engine.py:275] # GPU blocks: 0, # CPU "
+     "blocks: 256"),
 ]
+
+
+@pytest.mark.parametrize("line", [
+    "(EngineCore_DP0 pid=441) INFO 11-24 11:44:17 [gpu_worker.py:348] Available KV cache "
+    "memory: 33.31 GiB",
+    "INFO 12-20 20:25:46 distributed_gpu_executor.py:57] # GPU blocks: 3852, # CPU blocks: 4096",
+    "INFO 08-19 07:51:08 distributed_gpu_executor.py:56] # GPU blocks: 22982, # CPU blocks: 0",
+])
+def test_a_kv_budget_above_nothing_is_progress(line: str) -> None:
+    m = catalog.classify(line)
+    assert (m.kind, m.phase) == ("marker", "kv_cache")
+
+
+def test_a_model_file_without_read_permission_is_not_a_cache_directory() -> None:
+    m = catalog.classify("PermissionError: [Errno 13] Permission denied: "
+                         "'/models/llama/model-00001-of-00002.safetensors'")
+    assert (m.kind, m.cause) == ("fatal", "unknown")
+
+
+def test_the_cache_remedy_names_the_directory() -> None:
+    m = catalog.classify("PermissionError: [Errno 13] Permission denied: '/.cache'")
+    assert "/.cache" in m.remedy
 
 
 def test_the_watchdogs_generic_failure_line_names_no_cause() -> None:

@@ -368,7 +368,11 @@ CAUSES: tuple[Cause, ...] = (
          # never finished, and torch takes the process down (any torch 2.x under vLLM).
          # Not its "Some NCCL operations have failed or timed out": torch logs that for
          # any error the watchdog meets, a CUDA illegal memory access too.
-         r"Watchdog caught collective operation timeout"),
+         r"Watchdog caught collective operation timeout",
+         # NCCL's init.cc: two ranks on one device is ncclInvalidUsage, the communicator
+         # is never made (CUDA_VISIBLE_DEVICES or a Ray GPU assignment gone wrong; trl#3310,
+         # verl#161, Megatron-LM#661, horovod#3929)
+         r"Duplicate GPU detected : rank \d+ and rank \d+ both on CUDA device"),
         ("0.5", "0.5.4", "0.6", "0.10", "0.33"),
         "NCCL failed: check that every GPU is visible and healthy (nvidia-smi topo -m), the "
         "NCCL library matches torch, and run with NCCL_DEBUG=INFO to see the failing "
@@ -584,6 +588,20 @@ CAUSES: tuple[Cause, ...] = (
         "the disk is full (model download, compile cache or /tmp): free space with df -h / "
         "du, move the cache (HF_HOME, VLLM_CACHE_ROOT) to a larger disk",
     ),
+    Cause(
+        "cache_dir_not_writable",
+        # os.makedirs of a cache under $HOME fails for a user whose HOME is / or a
+        # root-owned mount: Triton's runtime/cache.py, huggingface_hub's download cache,
+        # torch inductor's and vLLM's compile caches (aphrodite#458's '.triton',
+        # inference-benchmarker#30's '/.cache' on OpenShift, vllm#10185, ilab-on-ocp#26)
+        (r"Permission denied: '(?P<path>[^']{0,300}?(?:cache|\.triton|torchinductor"
+         r"|huggingface)[^']{0,300})'",),
+        ("0.4 (aphrodite fork)", "0.6.3", "0.9.1"),
+        "the service user cannot write the cache directory {path}: give it a HOME it owns "
+        "(or point HF_HOME, TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR and VLLM_CACHE_ROOT "
+        "at a writable directory), or chown that directory to the service user",
+        needs=("path",),
+    ),
     # Last of the roots: a specific cause on the same line wins (first match).
     Cause(
         "config_invalid",
@@ -713,6 +731,13 @@ _STOP_TEARDOWN = re.compile(
     r"^INFO:\s+Shutting down$|^Shutting down$|Waiting for application shutdown"
     r"|Shutting down FastAPI HTTP server|\[shutdown\]")
 _NOISE = re.compile(r"No available shared memory broadcast block found in (?P<seconds>\d+) second")
+# A KV budget of nothing: vLLM raises "No available memory for the cache blocks" right
+# after logging it (V1 check_enough_kv_cache_memory when available_memory <= 0, after
+# gpu_worker's "Available KV cache memory: -2.77 GiB"; V0 raise_if_cache_size_invalid
+# when num_gpu_blocks <= 0, after the executor's "# GPU blocks: 0"). The number, not the
+# wording, is the proof: the INFO level does not make the line advisory.
+_KV_NONE = re.compile(r"Available KV cache memory: (?:-[0-9.]+|0(?:\.0+)?) ?GiB"
+                      r"|# (?:GPU|CUDA|cuda) blocks: 0, # CPU blocks: \d+")
 # Real escape codes, and the caret form (`^[[0;36m`) a terminal copy leaves.
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]|\^\[\[[0-9;]*m")
 # Wrappers users paste around vLLM's lines: HTML colour tags, CI gutters ("  | "), a
@@ -898,6 +923,10 @@ def classify(text: str) -> Match:
     if msg.startswith("File \""):
         flat = _FLATTENED.search(msg)
         text = msg[flat.start():] if flat else ""
+    if _KV_NONE.search(msg):
+        return Match("fatal", line, cause="kv_cache_too_small",
+                     remedy=remedy_for("kv_cache_too_small"), reached="kv_cache",
+                     role="root")
     # vLLM raises what is fatal; what it logs at DEBUG/INFO/WARNING it survives (since
     # 0.6.5 the Ray placement-group shortfall is a warning, and vLLM waits for the GPUs).
     advisory = line.level in ("DEBUG", "INFO", "WARNING", "WARN")
