@@ -397,6 +397,22 @@ def run(i: int, command: str, user: str = "root", timeout: float = 60.0) -> tupl
         client.close()
 
 
+def stop_now(unit: str = "vllm") -> str:
+    """A shell command that stops `unit` on a lab host at once, for tests' cleanup.
+
+    vLLM mid-start (and often while serving) does not answer SIGTERM soon, so a plain
+    `systemctl stop` waits out TimeoutStopSec (90 s, measured) before its SIGKILL:
+    start the stop, SIGKILL the unit's cgroup, then wait for the stop job. systemd in a
+    lab host cannot always kill the whole cgroup itself ("Failed to kill control group
+    ... Input/output error"), so any leftover is killed again at the end.
+    """
+    kill = (f"CG=/sys/fs/cgroup/systemd/system.slice/{unit}.service/cgroup.procs; "
+            "for i in $(seq 20); do P=$(cat $CG 2>/dev/null); [ -z \"$P\" ] && break; "
+            "kill -9 $P 2>/dev/null; sleep 0.5; done; ")
+    return (f"systemctl stop --no-block {unit}; sleep 0.5; {kill}"
+            f"systemctl stop {unit}; systemctl reset-failed {unit} || true; {kill}true")
+
+
 def _port_open(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)

@@ -69,17 +69,9 @@ def host(lab_hosts: object, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     sh(f"touch /tmp/vigil-nothrottle; {STOP}")
 
 
-# The tests' own cleanup, never under test. vLLM mid-start does not answer SIGTERM, so a
-# plain `systemctl stop` waits out TimeoutStopSec (90 s, measured) before its SIGKILL:
-# start the stop, SIGKILL the cgroup at once. And systemd inside a lab host cannot
-# always kill the whole cgroup ("Failed to kill control group ... Input/output error"):
-# a worker orphaned by the kill -9 test would keep spinning on the shared cores. End
-# any leftover.
-_KILL_CGROUP = ("CG=/sys/fs/cgroup/systemd/system.slice/vllm.service/cgroup.procs; "
-                "for i in $(seq 20); do P=$(cat $CG 2>/dev/null); [ -z \"$P\" ] && break; "
-                "kill -9 $P 2>/dev/null; sleep 0.5; done; ")
-STOP = (f"systemctl stop --no-block vllm; sleep 0.5; {_KILL_CGROUP}"
-        f"systemctl stop vllm; systemctl reset-failed vllm || true; {_KILL_CGROUP}true")
+# The tests' own cleanup, never under test: it never waits out TimeoutStopSec and ends
+# a worker orphaned by the kill -9 test (see lab.stop_now).
+STOP = lab.stop_now()
 
 
 def start(clear_cache: bool = False) -> None:
