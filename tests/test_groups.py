@@ -573,6 +573,19 @@ def test_real_pp2_journals_while_the_worker_installs() -> None:
     assert gs.verdict is None and gs.joined == ("lab1", "lab2")
 
 
+def test_real_journals_of_a_ranks_only_worker_kill_crash_the_group_naming_it() -> None:
+    # tests/test_group_lab.py's PP=2 group (2026-11-30): lab2's rank Worker_PP1 alone
+    # SIGKILLed once joined; lab2's main process logs its executor's "[shutdown] … all
+    # workers exited gracefully", then its traceback: a crash (a stop needs its trigger)
+    head = _node_state("lab1-head-pp2-worker-ranks-killed.log")
+    worker = _node_state("lab2-worker-pp2-ranks-killed.log")
+    assert worker.verdict != "stopped" and head.verdict != "stopped"
+    gs = group_state([NodeView("lab1", 0, head), NodeView("lab2", 1, worker)])
+    assert gs.verdict == "crashed" and gs.node == "lab2", gs
+    assert gs.proof == ("lab2: Exception: WorkerProc initialization failed due to an "
+                        "exception in a background process. See stack trace for root cause.")
+
+
 # -- a Ray group's cluster -----------------------------------------------------------
 
 # real: verify's RAY_NODES (`ray.nodes()` as JSON) on lab7, the Ray head of a group that
