@@ -7,6 +7,7 @@ A node group is one file, ``inventory/node_groups/<name>.yml``::
     backend: native             # native (vLLM's --nnodes/--node-rank) | ray
     master_port: 29501          # native: torch.distributed on the head
     model: glm-5                # optional: else the head's `model`
+    prove_cpu_ray_refusal: true # lab only: a CPU ray group, deployed though vLLM refuses it
 
 The profile's TP x PP x DP is the whole group's layout. Everything is checked before any
 host is touched (pure: files in, values out): the layout splits evenly over the nodes
