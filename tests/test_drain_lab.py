@@ -20,6 +20,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,8 +37,18 @@ PORT = hosts.service_port(HOST)
 DRAIN_S = 60
 MAX_TOKENS = 1000  # a few seconds per stream on the lab's 2 cores
 
+# The load balancer's hook. Before the drain it lets the clients go and waits (at most
+# 120 s) until both stream, so the restart happens under load with streams in flight:
+# the clients start only here, not while the deploy checks the host (two streams take
+# both cores and its checks took 1-2 minutes under them, measured).
 HOOK = """
 import os, sys, time
+if sys.argv[2] == "drain":
+    open(sys.argv[1] + ".go", "w").close()
+    end = time.time() + 120
+    while time.time() < end and not all(
+            os.path.exists(sys.argv[1] + ".streaming." + c) for c in ("pooled", "raw")):
+        time.sleep(0.1)
 with open(sys.argv[1], "w") as fh:
     fh.write(sys.argv[2])
 with open(sys.argv[1] + ".log", "a") as fh:
@@ -62,7 +73,7 @@ class Request:
         return "refused" if self.chunks == 0 else "cut"
 
 
-def stream_once(client: str) -> Request:
+def stream_once(client: str, on_chunk: Callable[[], None] = lambda: None) -> Request:
     req = Request(client, time.time())
     body = json.dumps({"model": "tiny", "prompt": "The capital of France is",
                        "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True,
@@ -87,6 +98,7 @@ def stream_once(client: str) -> Request:
                     req.error = str(msg["error"])[:200]
                     break
                 req.chunks += 1
+                on_chunk()
                 for ch in msg.get("choices") or []:
                     req.finish = ch.get("finish_reason") or req.finish
         conn.close()
@@ -131,12 +143,15 @@ def rolling_restart_under_load(name: str, drain_s: int,
     stop = threading.Event()
     lock = threading.Lock()
 
+    go = pool.with_name(pool.name + ".go")  # see HOOK
+
     def client(kind: str) -> None:
+        streaming = pool.with_name(f"{pool.name}.streaming.{kind}")
         while not stop.is_set():
-            if kind == "pooled" and pool.read_text() != "enable":
-                time.sleep(0.2)
+            if not go.exists() or (kind == "pooled" and pool.read_text() != "enable"):
+                time.sleep(0.1)
                 continue
-            r = stream_once(kind)
+            r = stream_once(kind, streaming.touch)
             with lock:
                 requests.append(r)
             if r.outcome == "refused":
@@ -146,7 +161,7 @@ def rolling_restart_under_load(name: str, drain_s: int,
     for th in threads:
         th.start()
     try:
-        time.sleep(5)  # both clients streaming before the restart
+        # both clients streaming before the restart: the before-stop hook sees to it
         roll = invoke("deploy", "--hosts", name, "--set", setting, "--restart",
                       "--serial", "1", "--junit", str(tmp_path / "roll.xml"),
                       "--before-stop", f"{sys.executable} {hook} {pool} drain",
@@ -175,8 +190,11 @@ def rolling_restart_under_load(name: str, drain_s: int,
 
 def test_streams_complete_or_are_refused_during_a_rolling_restart(
         lab_hosts: list[hosts.HostStatus], tmp_path: Path) -> None:
-    requests, sigterm, report = rolling_restart_under_load(hosts.host_name(HOST), DRAIN_S,
-                                                           tmp_path)
+    try:
+        requests, sigterm, report = rolling_restart_under_load(hosts.host_name(HOST), DRAIN_S,
+                                                               tmp_path)
+    finally:  # 2 shared cores: leave no vLLM serving behind for the tests after this one
+        hosts.run(HOST, hosts.stop_now(), timeout=120)
     outcomes = {(r.client, r.outcome) for r in requests}
     cut = [r for r in requests if r.outcome == "cut"]
     assert not cut, f"streams cut in the middle:\n{report}"
