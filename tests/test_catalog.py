@@ -270,7 +270,25 @@ FATALS = [
      "Available KV cache memory: -2.77 GiB"),
     ("kv_cache_too_small", "INFO 04-27 10:13:05 llm_engine.py:275] # GPU blocks: 0, # CPU "
      "blocks: 256"),
+    # The seventh harvest (HARVEST7.tsv): a loader refusal cut after the path
+    # (Qwen3-ASR#15), vLLM's FA build check (vLLM-2080Ti#17), vLLM's get_config advice
+    # relayed by litellm (#4600), a traceback through resolve_trust_remote_code (#6121)
+    ("broken_install", "(EngineCore_DP0 pid=3359555) ImportError: /workspace/qwen-asr/.venv/"
+     "lib/python3.12/site-packages/flash_attn_2_cuda.cpython-312-x"),
+    ("broken_install", "ImportError: vllm.vllm_flash_attn requires the CUDA flash attention "
+     "extensions (_vllm_fa2_C or _vllm_fa3_C). On ROCm, use upstream flash_attn."),
+    ("trust_remote_code", "litellm.exceptions.APIConnectionError: litellm.APIConnectionError: "
+     "VLLMException - Failed to load the model config. If the model is a custom model not yet "
+     "available in the HuggingFace transformers library, consider setting "
+     "`trust_remote_code=True` in LLM or using the `--trust-remote-code` flag in the CLI."),
+    ("trust_remote_code", '  File "/home/u/.conda/envs/rdv/lib/python3.12/site-packages/'
+     'transformers/dynamic_module_utils.py", line 678, in resolve_trust_remote_code'),
 ]
+
+
+def test_an_import_error_of_python_words_is_not_a_broken_install() -> None:
+    m = catalog.classify("ImportError: cannot import name 'AutoProcessor' from 'transformers'")
+    assert (m.kind, m.cause) == ("fatal", "unknown")
 
 
 @pytest.mark.parametrize("line", [

@@ -118,7 +118,8 @@ def test_sixth_harvest_does_not_regress() -> None:
 
 def test_seventh_harvest_does_not_regress() -> None:
     both = sum(_got(r)[:2] == (r["expected_verdict"], r["expected_cause"]) for r in HARVEST7)
-    assert both >= 2, f"{both}/{len(HARVEST7)}"  # 2/7 held out, before any rule change
+    # 2/7 held out, before any rule change; 6/7 after the rules it prompted
+    assert both >= 6, f"{both}/{len(HARVEST7)}"
 
 
 def test_no_real_log_times_out() -> None:

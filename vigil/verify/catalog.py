@@ -544,7 +544,14 @@ CAUSES: tuple[Cause, ...] = (
          r"|(?:ImportError|OSError): (?!libcuda\.so)[^\s:]{1,400}\.so[\d.]{0,20}: cannot open "
          r"shared object file"
          r"|ModuleNotFoundError: No module named '(?:vllm|torch)\b[\w.]*'"
-         r"|ImportError: cannot import name '\w+' from '(?:vllm|torch)\b",),
+         r"|ImportError: cannot import name '\w+' from '(?:vllm|torch)\b"
+         # the dynamic loader's refusal names the extension's path first, whatever the
+         # reason after it (undefined symbol, wrong ELF class, a GLIBC version): Python's
+         # own ImportErrors never start with a path (qwen3-asr#15, vllm#3912, vllm-9377)
+         r"|ImportError: /[^\s:]{1,400}\.(?:so\b|cpython-\d)"
+         # vllm/vllm_flash_attn/__init__.py: a build without its compiled FA extensions
+         # (vLLM-2080Ti#17, vllm-musa#19)
+         r"|vllm\.vllm_flash_attn requires the CUDA flash attention extensions",),
         ("0.2", "0.6", "0.7", "0.11"),
         "the Python environment is broken: vLLM or an extension (flash-attn, xformers) was "
         "built for another torch/CUDA, or vLLM is not installed in the interpreter that runs "
@@ -567,10 +574,17 @@ CAUSES: tuple[Cause, ...] = (
         # transformers' refusal; never the flag echoed in the engine config
         (r"(?:pass|set) the (?:argument|option) `?trust_remote_code=True`?"
          r"|requires you to execute the (?:configuration|modeling|tokenizer)? ?file"
-         r"|contains custom code which must be executed",),
+         r"|contains custom code which must be executed"
+         # vLLM's get_config re-raises transformers' refusal with its own advice
+         # (vllm/transformers_utils/config.py; litellm#4600)
+         r"|consider setting `trust_remote_code=True`",),
         ("0.5", "0.8", "0.11"),
         "the model ships its own code: add --trust-remote-code (trust_remote_code: true in "
         "the profile) if you trust the repository",
+        # transformers' resolve_trust_remote_code raises only to refuse (or when its
+        # interactive prompt meets no terminal): a traceback through it is this cause
+        # even when the paste cuts the message (litellm#6121, runpod worker-vllm#43)
+        frames=frozenset({"resolve_trust_remote_code"}),
     ),
     Cause(
         "tokenizer_missing",
