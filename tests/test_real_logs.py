@@ -45,6 +45,11 @@ HARVEST6 = _rows("HARVEST6.tsv")
 # Harvested after the HARVEST6 rules were committed, on what the earlier ones were thin
 # on (trust_remote_code, broken flash-attn installs): their held-out check (2/7).
 HARVEST7 = _rows("HARVEST7.tsv")
+# Harvested after the HARVEST7 rules (port-in-use restart loops, chain-only excerpts of
+# multi-node and TP starts): held out, 4/4.
+HARVEST8 = _rows("HARVEST8.tsv")
+ALL = (CASES + HELDOUT + HARVEST2 + HARVEST3 + HARVEST4 + HARVEST5 + HARVEST6 + HARVEST7
+       + HARVEST8)
 # Known phase misses: the log itself does not show the phase the thread names.
 PHASE_NOT_IN_LOG = {
     "vllm-11485-v0-determine-blocks-no-kernel-image.log",  # method name only in the title
@@ -61,14 +66,14 @@ def _got(row: dict[str, str]) -> tuple[str, str, str | None]:
 
 def test_the_corpus_is_large_and_every_file_is_listed_once() -> None:
     first = [r["file"] for r in CASES + HELDOUT]
-    later = HARVEST2 + HARVEST3 + HARVEST4 + HARVEST5 + HARVEST6 + HARVEST7
+    later = HARVEST2 + HARVEST3 + HARVEST4 + HARVEST5 + HARVEST6 + HARVEST7 + HARVEST8
     files = first + [r["file"] for r in later]
-    # 62 + 25 + 7 + 32 + 8 + 25 + 7 harvested + 14 shared
-    assert len(files) == len(set(files)) >= 180
+    # 62 + 25 + 7 + 32 + 8 + 25 + 7 + 4 harvested + 14 shared
+    assert len(files) == len(set(files)) >= 184
     assert len(HELDOUT) * 5 >= len(first) - 14  # a fifth of the first harvest held out
     on_disk = {p.name for p in HERE.glob("*.log")}
     assert on_disk == set(files)
-    for r in CASES + HELDOUT + HARVEST2 + HARVEST3 + HARVEST4 + HARVEST5 + HARVEST6 + HARVEST7:
+    for r in CASES + HELDOUT + later:
         assert r["issue_url"].startswith("https://github.com/"), r["file"]
         assert r["expected_verdict"] in {"ready", "crashed", "undecided", "stopped"}
 
@@ -122,7 +127,12 @@ def test_seventh_harvest_does_not_regress() -> None:
     assert both >= 6, f"{both}/{len(HARVEST7)}"
 
 
+def test_eighth_harvest_does_not_regress() -> None:
+    both = sum(_got(r)[:2] == (r["expected_verdict"], r["expected_cause"]) for r in HARVEST8)
+    assert both >= 4, f"{both}/{len(HARVEST8)}"  # 4/4 held out
+
+
 def test_no_real_log_times_out() -> None:
     # Replay decides ready when the evidence appears; budgets only annotate.
-    for r in CASES + HELDOUT + HARVEST2 + HARVEST3 + HARVEST4 + HARVEST5 + HARVEST6 + HARVEST7:
+    for r in ALL:
         assert _got(r)[0] != "timed_out", r["file"]
