@@ -152,6 +152,12 @@ def test_xml_readings() -> None:
         "590.44.01", "13.1", "NVIDIA RTX PRO 6000 Blackwell Max-Q Workstation Edition")
     assert (g.memory_total_bytes, g.memory_used_bytes) == (97887 * MIB, 65720 * MIB)
     assert (g.persistence, g.mig, g.remap_pending, g.remap_failure) == (True, None, False, False)
+    # schema v13's Blackwell repair fields under <ecc_errors>: "No", "No", "N/A"
+    assert (g.channel_repair_pending, g.tpc_repair_pending, g.unrepairable_memory) == (
+        False, False, None)
+    (h200,) = parse_smi_xml(text("h200_vigil/smi.xml")).gpus  # the same fields, all "No"
+    assert (h200.channel_repair_pending, h200.tpc_repair_pending,
+            h200.unrepairable_memory) == (False, False, False)
     assert [(p.pid, p.used_bytes, p.name) for p in g.processes] == [
         (116860, 65710 * MIB, "/root/src/llama.cpp/build/bin/llama-server")]
     a100 = parse_smi_xml(text("a100_sxm4.xml"))
@@ -393,6 +399,33 @@ def test_ecc_and_pending_remaps_are_refused() -> None:
     assert "persistence mode is off on GPU 0" in str(off)
 
 
+def test_pending_blackwell_repairs_and_unrepairable_memory_are_refused() -> None:
+    # No published reading with these set was found: one field of the real RTX PRO 6000
+    # XML (schema v13) is flipped to "Yes", what the driver prints then.
+    real = text("rtx_pro_6000_maxq.xml")
+    assert health_problems("h", parse_smi_xml(real), GpuPolicy(), need=1) == []
+    for field, shown in (("channel_repair_pending", "channel repair pending"),
+                         ("tpc_repair_pending", "TPC repair pending")):
+        flipped = real.replace(f"<{field}>No</{field}>", f"<{field}>Yes</{field}>")
+        assert flipped != real
+        gpus = parse_smi_xml(flipped)
+        (err,) = health_problems("llm-one", gpus, GpuPolicy(), need=1)
+        assert f"llm-one: GPU 0: {shown}" in str(err)
+        assert "reset the GPU (nvidia-smi -r -i N)" in str(err)
+        assert f"pending: {shown.removesuffix(' pending')}" in health_lines(
+            gpus, GpuPolicy())[0]
+        assert health_problems("llm-one", gpus, GpuPolicy(refuse_pending_retirement=False),
+                               need=1) == []
+    broken = real.replace("<unrepairable_memory>N/A</unrepairable_memory>",
+                          "<unrepairable_memory>Yes</unrepairable_memory>")
+    assert broken != real
+    gpus = parse_smi_xml(broken)
+    (err,) = health_problems("llm-one", gpus, GpuPolicy(), need=1)
+    assert "llm-one: GPU 0: unrepairable memory" in str(err)
+    assert "replace the GPU (RMA)" in str(err)
+    assert "unrepairable memory" in health_lines(gpus, GpuPolicy())[0]
+
+
 def test_recent_xid_events_are_refused_old_ones_only_shown() -> None:
     base = from_agent(capture("h100"))
     log = text("kernel/dmesg_ctime_xid13_xid109.txt") + text(
@@ -526,9 +559,13 @@ def test_the_real_xml_report_agrees_with_the_csv() -> None:
                     text("h200_vigil/list.txt"))
     assert (xml.driver, xml.cuda, csv.driver) == ("580.159.04", "13.0", "580.159.04")
     (x,), (c,) = xml.gpus, csv.gpus
-    # the XML has no compute capability; everything else it and the CSV both carry agrees
+    # the XML has no compute capability, the CSV query no repair fields (vigil asks for
+    # none); everything else they both carry agrees
     assert (x.compute_cap, c.compute_cap) == (None, "9.0")
-    assert replace(x, compute_cap="9.0") == c
+    assert (c.channel_repair_pending, c.tpc_repair_pending, c.unrepairable_memory) == (
+        None, None, None)
+    assert replace(x, compute_cap="9.0", channel_repair_pending=None, tpc_repair_pending=None,
+                   unrepairable_memory=None) == c
     assert (c.name, c.uuid, c.memory_total_bytes, c.memory_used_bytes, c.ecc_uncorrected,
             c.processes, c.mig_devices) == ("NVIDIA H200", H200_UUID, 143771 * MIB, 0, 0, (), ())
 

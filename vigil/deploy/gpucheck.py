@@ -7,7 +7,8 @@
   (``MIN_DRIVER``, one table with its source);
 * ``CUDA_VISIBLE_DEVICES`` naming GPUs the host does not have;
 * health (policy: ``GpuPolicy``, from the preflight role's defaults): uncorrectable ECC
-  errors, pending page retirement or row remaps, recent Xid events, persistence mode,
+  errors, pending page retirement, row remaps or channel/TPC repairs, unrepairable
+  memory, recent Xid events, persistence mode,
   MIG mode and the instances a CUDA process would see.
 """
 
@@ -213,7 +214,11 @@ def health_lines(gpus: GpuFacts, policy: GpuPolicy) -> list[str]:
             bits.append(f"{label} {'?' if value is None else 'on' if value else 'off'}")
         bits.append(f"ECC uncorrected {'?' if g.ecc_uncorrected is None else g.ecc_uncorrected}")
         pending = [name for name, v in (("retired pages", g.retired_pages_pending),
-                                        ("row remap", g.remap_pending)) if v]
+                                        ("row remap", g.remap_pending),
+                                        ("channel repair", g.channel_repair_pending),
+                                        ("TPC repair", g.tpc_repair_pending)) if v]
+        if g.unrepairable_memory:
+            bits.append("unrepairable memory")
         bits.append("pending: " + (", ".join(pending) if pending else "none"))
         if g.mig_devices:
             bits.append(f"{len(g.mig_devices)} MIG instance(s): "
@@ -250,12 +255,23 @@ def health_problems(host: str, gpus: GpuFacts, policy: GpuPolicy,
     pending = [(g, what) for g in gpus.gpus
                for what, v in (("retired pages pending", g.retired_pages_pending),
                                ("row remap pending", g.remap_pending),
-                               ("row remap failed", g.remap_failure)) if v]
+                               ("row remap failed", g.remap_failure),
+                               ("channel repair pending", g.channel_repair_pending),
+                               ("TPC repair pending", g.tpc_repair_pending)) if v]
     if p.refuse_pending_retirement and pending:
         out.append(RefusedError(
             f"{host}: " + "; ".join(f"GPU {g.index}: {w}" for g, w in pending),
-            fix="reset the GPU or reboot the host so the retirement/remap takes effect; a "
-                "failed remap means the GPU needs replacing",
+            fix="drain the host, then reset the GPU (nvidia-smi -r -i N) or reboot so the "
+                "retirement/remap/repair takes effect; a failed remap means the GPU needs "
+                "replacing (gpu_refuse_pending_retirement: false accepts it)",
+        ))
+    # the GPU says its memory can no longer be repaired: a reset does not help
+    broken = [g for g in gpus.gpus if g.unrepairable_memory]
+    if p.refuse_pending_retirement and broken:
+        out.append(RefusedError(
+            f"{host}: " + "; ".join(f"GPU {g.index}: unrepairable memory (nvidia-smi "
+                                    "-q: Unrepairable Memory: Yes)" for g in broken),
+            fix="drain the host and replace the GPU (RMA); a reset does not clear it",
         ))
     mig = [g for g in gpus.gpus if g.mig]
     if p.refuse_mig and mig:

@@ -65,6 +65,17 @@ class Gpu:
     retired_pages_pending: bool | None = None
     remap_pending: bool | None = None
     remap_failure: bool | None = None
+    # Blackwell memory repair (nvidia-smi -q -x schema v13, <ecc_errors>; NVML
+    # nvmlDeviceGetRepairStatus -> nvmlRepairStatus_v1_t.bChannelRepairPending /
+    # bTpcRepairPending, nvmlDeviceGetUnrepairableMemoryFlag_v1 -> bUnrepairableMemory:
+    # NVML API Reference R590, docs.nvidia.com/deploy/nvml-api). NVIDIA's "GPU Memory Error
+    # Management" note (docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt) lists "RAS Repair -
+    # GPU Memory" for GB10x: a third remap on a bank invokes HBM channel repair when a spare
+    # channel is left. Neither says when a pending repair applies; vigil reads "pending" as
+    # the row remapper's own pending flag (applied at the next GPU reset).
+    channel_repair_pending: bool | None = None
+    tpc_repair_pending: bool | None = None
+    unrepairable_memory: bool | None = None  # True: no spare left; the GPU needs replacing
     mig_devices: tuple[MigDevice, ...] = ()
 
     @property
@@ -274,7 +285,8 @@ def _find(node: ET.Element, path: str) -> str | None:
 
 def parse_smi_xml(text: str) -> GpuFacts:
     """``nvidia-smi -q -x``: identity, memory, processes, and the health fields (ECC,
-    retired pages, remapped rows, persistence, MIG mode and devices)."""
+    retired pages, remapped rows, Blackwell channel/TPC repair and unrepairable memory,
+    persistence, MIG mode and devices)."""
     try:
         root = ET.fromstring(text)
     except ET.ParseError as exc:
@@ -314,6 +326,9 @@ def parse_smi_xml(text: str) -> GpuFacts:
             retired_pages_pending=_flag(_find(node, "retired_pages/pending_retirement")),
             remap_pending=_flag(_find(node, "remapped_rows/remapped_row_pending")),
             remap_failure=_flag(_find(node, "remapped_rows/remapped_row_failure")),
+            channel_repair_pending=_flag(_find(node, "ecc_errors/channel_repair_pending")),
+            tpc_repair_pending=_flag(_find(node, "ecc_errors/tpc_repair_pending")),
+            unrepairable_memory=_flag(_find(node, "ecc_errors/unrepairable_memory")),
             mig_devices=migs,
         ))
     return GpuFacts("nvidia-smi-xml", tuple(gpus), _text(_find(root, "driver_version")),
