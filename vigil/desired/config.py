@@ -137,7 +137,7 @@ class HostVars(Strict):
     stall_window_s: dict[str, Annotated[float, Field(gt=0)]] = Field(default_factory=dict)
     # preflight role: GPU health a deploy refuses (vigil.deploy.gpucheck)
     gpu_refuse_ecc_uncorrected: bool = True
-    gpu_refuse_pending_retirement: bool = True  # retired pages or row remaps pending
+    gpu_refuse_pending_retirement: bool = True  # pages/rows/repairs pending, unrepairable
     gpu_refuse_mig: bool = True
     gpu_require_persistence: bool = False
     gpu_refuse_xids: list[Annotated[int, Field(ge=1)]] = Field(
