@@ -424,6 +424,14 @@ def test_pending_blackwell_repairs_and_unrepairable_memory_are_refused() -> None
     assert "llm-one: GPU 0: unrepairable memory" in str(err)
     assert "replace the GPU (RMA)" in str(err)
     assert "unrepairable memory" in health_lines(gpus, GpuPolicy())[0]
+    # the agent's CSV has no repair field: the XML of the same reading fills it (the real
+    # H200 recording, its smi.xml flipped the same way)
+    h200 = text("h200_vigil/smi.xml").replace("<tpc_repair_pending>No</tpc_repair_pending>",
+                                              "<tpc_repair_pending>Yes</tpc_repair_pending>")
+    both = from_agent({"smi_gpus": text("h200_vigil/query_gpu.csv"), "smi_xml": h200})
+    assert (both.source, both.gpus[0].tpc_repair_pending) == ("nvidia-smi", True)
+    (err,) = health_problems("h200", both, GpuPolicy(), need=1)
+    assert "h200: GPU 0: TPC repair pending" in str(err)
 
 
 def test_recent_xid_events_are_refused_old_ones_only_shown() -> None:
