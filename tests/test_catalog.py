@@ -228,6 +228,8 @@ FATALS = [
     ("unsupported_model", "Value error, The checkpoint you are trying to load has model type "
      "`gemma4` but Transformers does not recognize this architecture."),
     ("bad_arguments", "vllm: error: unrecognized arguments: --temperature 0.8"),
+    # vllm/lora peft_helper.validate_legal (ms-swift#4221, LlamaFactory#9512)
+    ("lora_rank_too_large", "ValueError: LoRA rank 32 is greater than max_lora_rank 16."),
     ("bad_arguments", "vllm serve: error: the following arguments are required: model_tag"),
     ("hf_hub_unreachable", "huggingface_hub.errors.OfflineModeIsEnabled: Cannot reach "
      "https://huggingface.co/api/models/x/y: offline mode is enabled."),
@@ -465,3 +467,23 @@ def test_every_cause_record_is_complete_and_its_remedy_fills_from_the_line() -> 
 )
 def test_paste_wrappers_are_unwrapped(text: str, message: str) -> None:
     assert catalog.parse_line(text).message == message
+
+
+def test_the_lora_rank_remedy_names_both_ranks() -> None:
+    # vLLM relays the worker's ValueError through the engine core (LlamaFactory#9512)
+    m = catalog.classify("(EngineCore_DP0 pid=1789245) ERROR 11-19 12:54:26 [core.py:710] "
+                         "RuntimeError: Worker failed with error 'LoRA rank 32 is greater than "
+                         "max_lora_rank 16.', please check the stack trace above for the root "
+                         "cause")
+    assert (m.kind, m.cause) == ("fatal", "lora_rank_too_large")
+    assert "--max-lora-rank 32" in m.remedy and "is 16" in m.remedy
+
+
+@pytest.mark.parametrize("line,cause", [
+    ("ValueError(\"type fp8e4nv not supported in this architecture. The supported fp8 dtypes "
+     "are ('fp8e4b15', 'fp8e5')\")", "quantization_unsupported"),
+    ("RuntimeError: Could not find nvcc and default cuda_home='/usr/local/cuda' doesn't exist",
+     "kernel_jit_build_failed"),
+])
+def test_fp8_on_ampere_and_a_jit_without_nvcc_are_named(line: str, cause: str) -> None:
+    assert catalog.classify(line).cause == cause

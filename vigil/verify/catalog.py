@@ -409,7 +409,10 @@ CAUSES: tuple[Cause, ...] = (
         "kernel_jit_build_failed",
         (r"ninja: build stopped: subcommand failed",
          r"Command '\[?'?ninja'?.*returned non-zero exit status",
-         r"Ninja build failed|Error building extension|ninja: error:"),
+         r"Ninja build failed|Error building extension|ninja: error:",
+         # flashinfer's jit cpp_ext.get_cuda_path: its JIT (the top-p/top-k sampler,
+         # attention) needs nvcc and the host has only the CUDA runtime
+         r"Could not find nvcc and default cuda_home="),
         ("0.9", "0.10.1", "0.11"),
         "a kernel JIT build (flashinfer/ninja) failed: install the prebuilt kernels "
         "(flashinfer-cubin/flashinfer-jit-cache matching flashinfer-python), make nvcc and "
@@ -462,8 +465,11 @@ CAUSES: tuple[Cause, ...] = (
         (r"The quantization method \S+ is not supported for the current GPU"
          r"|Quantization scheme is not supported for"
          r"|Unknown quantization method: \S*"
-         r"|Quantization method specified in the model config \(\S+\) does not match",),
-        ("0.2", "0.4", "0.9", "0.10"),
+         r"|Quantization method specified in the model config \(\S+\) does not match"
+         # Triton's codegen on a GPU without FP8 e4m3 (sm80/sm86, gfx90a): an FP8
+         # checkpoint's (or fp8 KV cache's) kernels cannot compile (vllm#54318, #17581)
+         r"|type fp8e4nv not supported in this architecture",),
+        ("0.2", "0.4", "0.8", "0.9", "0.10", "0.11"),
         "the checkpoint's quantization cannot run here: the GPU is below the method's minimum "
         "compute capability (the line names both), or this vLLM does not know the method. "
         "Use a checkpoint quantized for this GPU (or the unquantized model), upgrade vLLM for "
@@ -522,6 +528,19 @@ CAUSES: tuple[Cause, ...] = (
         "vLLM rejected its command line: remove or fix the option the line names (vllm serve "
         "--help lists this release's options; options move between releases, and a plugin's "
         "options exist only when the plugin is installed)",
+        reached="bootstrap",
+    ),
+    Cause(
+        "lora_rank_too_large",
+        # vllm/lora worker_manager._load_adapter (0.4 → 0.8), peft_helper.validate_legal
+        # (0.8+): an adapter loaded at start (--lora-modules) has a higher rank than
+        # --max-lora-rank (default 16)
+        (r"LoRA rank (?P<rank>\d+) is greater than max_lora_rank (?P<max>\d+)",),
+        ("0.4", "0.8", "0.11"),
+        "the LoRA adapter has rank {rank} but --max-lora-rank is {max}: start with "
+        "--max-lora-rank {rank} (or larger; it must be one the release accepts, e.g. 8, 16, "
+        "32, 64, 128, 256), or serve an adapter trained at a lower rank",
+        needs=("rank", "max"),
         reached="bootstrap",
     ),
     Cause(
