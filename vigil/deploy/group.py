@@ -130,8 +130,6 @@ def deploy_group(group: NodeGroup, opts: Options, log: Log,
     ``rollback(step)`` puts a release back; with it a failure rolls every changed one
     back."""
     started = time.monotonic()
-    for note in group.notes:
-        log(group.spec.name, note)
     targets = release_targets(group)
     checks = {key: deploy_host(t, replace(opts, check=True, wait=False), log)
               for key, t in targets.items()}

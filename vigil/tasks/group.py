@@ -45,7 +45,9 @@ def _resolve(c: Context, name: str, sets: list[str] | None, *, secrets: bool = T
                          template_dir=setting(c, "templates"), require_secrets=secrets)
 
 
-def _notes(g: NodeGroup, log: Log) -> Log:
+def _group_log(g: NodeGroup) -> Log:
+    """The group tasks' log, which first says the group's notes."""
+    log = Log(width=max(len(n) for n in (*g.names, g.spec.name)))
     for note in g.notes:
         log(g.spec.name, note)
     return log
@@ -99,7 +101,7 @@ def deploy(c: Context, name: str, check: bool = False, restart: bool = False,
     together in the order its backend needs, then one verdict for the group."""
     with user_errors():
         g = _resolve(c, name, set_)
-        log = Log(width=max(len(n) for n in (*g.names, name)))
+        log = _group_log(g)
         opts = deploy_mod.Options(check=check, restart=restart, wait=False,
                                   state_dir=setting(c, "state_dir"))
         result = deploy_group(g, opts, log, rollback=(
@@ -130,8 +132,7 @@ def verify(c: Context, name: str, set_: list[str] | None = None, stall: float | 
     """Watch every node's start: the group's phase, who joined, one verdict."""
     with user_errors():
         g = _resolve(c, name, set_)
-        code = _watch(c, g, _notes(g, Log(width=max(len(n) for n in (*g.names, name)))),
-                      watch_settings(c, poll, stall))
+        code = _watch(c, g, _group_log(g), watch_settings(c, poll, stall))
     exit_with([code])
 
 
@@ -162,7 +163,7 @@ def rollback(c: Context, name: str) -> None:
     the Ray head, the Ray workers, then vLLM) and verify the group."""
     with user_errors():
         g = _resolve(c, name, None)
-        log = _notes(g, Log(width=max(len(n) for n in (*g.names, name))))
+        log = _group_log(g)
         _rollback(c, g, log, rollback_steps(g, dict.fromkeys(release_keys(g), True)))
         code = _watch(c, g, log, watch_settings(c))
     exit_with([code])
