@@ -213,13 +213,9 @@ def health_lines(gpus: GpuFacts, policy: GpuPolicy) -> list[str]:
         for label, value in (("persistence", g.persistence), ("MIG", g.mig)):
             bits.append(f"{label} {'?' if value is None else 'on' if value else 'off'}")
         bits.append(f"ECC uncorrected {'?' if g.ecc_uncorrected is None else g.ecc_uncorrected}")
-        pending = [name for name, v in (("retired pages", g.retired_pages_pending),
-                                        ("row remap", g.remap_pending),
-                                        ("channel repair", g.channel_repair_pending),
-                                        ("TPC repair", g.tpc_repair_pending)) if v]
         if g.unrepairable_memory:
             bits.append("unrepairable memory")
-        bits.append("pending: " + (", ".join(pending) if pending else "none"))
+        bits.append("pending: " + (", ".join(g.pending) if g.pending else "none"))
         if g.mig_devices:
             bits.append(f"{len(g.mig_devices)} MIG instance(s): "
                         + ", ".join(_mig_name(m) for m in g.mig_devices))
@@ -253,11 +249,8 @@ def health_problems(host: str, gpus: GpuFacts, policy: GpuPolicy,
                 "if they return (gpu_refuse_ecc_uncorrected: false accepts it)",
         ))
     pending = [(g, what) for g in gpus.gpus
-               for what, v in (("retired pages pending", g.retired_pages_pending),
-                               ("row remap pending", g.remap_pending),
-                               ("row remap failed", g.remap_failure),
-                               ("channel repair pending", g.channel_repair_pending),
-                               ("TPC repair pending", g.tpc_repair_pending)) if v]
+               for what in (*(f"{name} pending" for name in g.pending),
+                            *(("row remap failed",) if g.remap_failure else ()))]
     if p.refuse_pending_retirement and pending:
         out.append(RefusedError(
             f"{host}: " + "; ".join(f"GPU {g.index}: {w}" for g, w in pending),

@@ -79,6 +79,14 @@ class Gpu:
     mig_devices: tuple[MigDevice, ...] = ()
 
     @property
+    def pending(self) -> tuple[str, ...]:
+        """What waits for a GPU reset: retired pages, row remaps, Blackwell repairs."""
+        return tuple(name for name, v in (("retired pages", self.retired_pages_pending),
+                                          ("row remap", self.remap_pending),
+                                          ("channel repair", self.channel_repair_pending),
+                                          ("TPC repair", self.tpc_repair_pending)) if v)
+
+    @property
     def sm(self) -> str | None:
         """The CUDA architecture name of the compute capability: 9.0 -> sm_90."""
         if not self.compute_cap or not re.fullmatch(r"\d+\.\d+", self.compute_cap):
