@@ -26,6 +26,7 @@ from vigil.deploy.group import order, plan_group, releases, rollback_steps, targ
 from vigil.desired import groups, inventory
 from vigil.desired.groups import CPU_LAUNCHER, NodeGroup, resolve_group
 from vigil.errors import ConfigError, RefusedError
+from vigil.tasks.group import _group_log
 from vigil.verify import replay
 from vigil.verify.budgets import BudgetKey, Budgets
 from vigil.verify.group import (
@@ -194,7 +195,7 @@ def test_bad_groups_are_one_clear_error(tmp_path: Path, group_yml: str,
 
 
 def test_the_lab_deploys_a_cpu_ray_group_only_when_told_and_is_told_it_fails(
-        tmp_path: Path) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     g = _resolve(tmp_path, "head: gpu-a\nworkers: [gpu-b]\nmodel: tiny-cpu\nbackend: ray\n"
                  "prove_cpu_ray_refusal: true\n", sets=("pipeline_parallel_size=2",))
     assert len(g.notes) == 1
@@ -205,6 +206,11 @@ def test_the_lab_deploys_a_cpu_ray_group_only_when_told_and_is_told_it_fails(
     argv = _exec_start(head.target.rendered.unit_text)
     assert argv[1:3] == ["-c", CPU_LAUNCHER] and argv[-1] == "--distributed-executor-backend=ray"
     assert head.ray is not None and worker.ray is not None and not worker.serves
+    # every group task's log says the note first, before any host is touched
+    _group_log(g)("-", "first host line")
+    said = capsys.readouterr().out.splitlines()
+    assert "vLLM will refuse this group at engine start" in said[0], said
+    assert said[-1].endswith("first host line"), said
     # a group without the switch says nothing extra
     assert resolve_group(inventory.load(GOLDEN / "inventory"), "glm-ray",
                          operator_env=ENV).notes == ()
