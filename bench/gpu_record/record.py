@@ -5,8 +5,9 @@
 Writes OUT/gpu-record.tar.gz (and OUT/summary.txt) holding, named as the fixtures in
 tests/fixtures/gpus/<name>/ are:
 
-* agent_gpu_facts.json - the host agent's own raw reading (``agent.gpu_facts``: NVML,
-  nvidia-smi CSV by field name, ``-L``, the kernel's NVRM lines), as ``facts`` sends it;
+* agent_gpu_facts.json - the host agent's own raw reading (``agent.gpu_facts``: NVML with
+  its per-GPU health reads, nvidia-smi CSV by field name, ``-L``, the kernel's NVRM
+  lines), as ``facts`` sends it; nvidia_ml_py.txt - the installed nvidia-ml-py version;
 * probe_gpus.json      - the probe's per-poll GPU reading, when the agent has it;
 * busy/                - the same readings (agent facts, probe by NVML and by nvidia-smi,
   query_gpu.csv, compute_apps.csv, torch_cuda.json) while a real CUDA process of PY holds
@@ -81,13 +82,28 @@ def record_smi(smi: str, agent: ModuleType, work: Path) -> None:
         (work / name).write_text(out if code == 0 else f"# exit {code}\n{out}")
 
 
-def record_agent(agent: ModuleType, python: str, work: Path) -> None:
+def health_line(facts: dict[str, object]) -> str:
+    """The agent's NVML health reads, one GPU per clause, for the summary."""
+    nvml = facts.get("nvml")
+    if not isinstance(nvml, dict):
+        return f"nvml health: no NVML reading ({facts.get('nvml_error')})"
+    return "nvml health: " + "; ".join(
+        f"GPU {g.get('index')}: " + ", ".join(
+            f"{k}={json.dumps(v)}" for k, v in (g.get("health") or {}).items())
+        for g in nvml.get("gpus", []))
+
+
+def record_agent(agent: ModuleType, python: str, work: Path) -> str:
     facts = agent.gpu_facts(python)
     (work / "agent_gpu_facts.json").write_text(json.dumps(facts, indent=1))
     (work / "kernel.txt").write_text(str(facts.get("kernel") or facts.get("kernel_error")))
     probe = getattr(agent, "probe_gpus", None)
     if probe is not None:
         (work / "probe_gpus.json").write_text(json.dumps(probe(False), indent=1))
+    _, version = sh([python, "-c", "from importlib.metadata import version; "
+                     "print(version('nvidia-ml-py'))"])
+    (work / "nvidia_ml_py.txt").write_text(version)
+    return f"nvidia-ml-py {version.strip()[-80:]}\n{health_line(facts)}"
 
 
 BUSY_GIB = 6
@@ -226,12 +242,12 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp) / "gpu-record"
         work.mkdir()
         record_smi(smi, agent, work)
-        record_agent(agent, args.python, work)
+        health = record_agent(agent, args.python, work)
         busy = record_busy(smi, agent, args.python, work)
         start = record_vllm_start(args.python, work, args.start_minutes,
                                   agent.TORCH_CUDA)
         _, first = sh([smi, "-L"])
-        summary = f"{first.splitlines()[0]}\n{busy}\n{start}\nfiles: " + " ".join(
+        summary = f"{first.splitlines()[0]}\n{health}\n{busy}\n{start}\nfiles: " + " ".join(
             sorted(p.name for p in work.iterdir())) + "\n"
         (work / "summary.txt").write_text(summary)
         (args.out / "summary.txt").write_text(summary)

@@ -7,7 +7,8 @@ whole plan (one applier per action kind, ``APPLIERS``), ``rollback`` restores th
 release, ``status``/``packages``/``role_facts`` read, ``probe`` is one poll of a starting
 service (run on the service environment's python, where NVML is importable), ``stream``
 follows it instead (one JSON line per event, until stdin closes), ``smoke``
-one real completion, ``history`` the host's start records, ``logs`` the journal. The
+one real completion, ``history`` the host's start records, ``logs`` the journal,
+``reach_listen``/``reach_connect`` a node group's rendezvous ports, head and workers. The
 verbs share one set of helpers (systemctl show, HTTP, process tree, nvidia-smi).
 Python 3.8+ on purpose: it runs on the host's own python3.
 """
@@ -15,6 +16,7 @@ Python 3.8+ on purpose: it runs on the host's own python3.
 from __future__ import annotations
 
 import contextlib
+import errno
 import grp
 import json
 import os
@@ -23,6 +25,7 @@ import re
 import select
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -193,7 +196,40 @@ def smi_rows(text: Optional[str]) -> List[List[str]]:
 # Read through NVML; defined as source so `facts` can run it with the environment's python
 # (where nvidia-ml-py lives) and `probe`, already running there, calls it in-process.
 NVML_READ = r'''
-def nvml_read():
+NOT_SUPPORTED = 3  # NVML_ERROR_NOT_SUPPORTED: this GPU/driver does not have the reading
+FUNCTION_NOT_FOUND = 13  # NVML_ERROR_FUNCTION_NOT_FOUND: the driver's libnvidia-ml lacks it
+
+def nvml_health(n, h):
+    """Each health reading on its own: a value, {"not_supported": why} (the GPU, driver or
+    installed nvidia-ml-py lacks it: unknown, not healthy), or {"error": message}."""
+    def one(name, call):
+        fn = getattr(n, name, None)
+        if fn is None:
+            return {"not_supported": "nvidia-ml-py has no %s" % name}
+        try:
+            return call(fn)
+        except Exception as exc:
+            code = getattr(exc, "value", None)
+            if code in (NOT_SUPPORTED, FUNCTION_NOT_FOUND):
+                return {"not_supported": "%s: %s" % (name, exc)}
+            return {"error": "%s: %s" % (name, exc)}
+    unc = getattr(n, "NVML_MEMORY_ERROR_TYPE_UNCORRECTED", 1)
+    return {
+        "ecc_uncorrected_volatile": one("nvmlDeviceGetTotalEccErrors", lambda f: int(
+            f(h, unc, getattr(n, "NVML_VOLATILE_ECC", 0)))),
+        "ecc_uncorrected_aggregate": one("nvmlDeviceGetTotalEccErrors", lambda f: int(
+            f(h, unc, getattr(n, "NVML_AGGREGATE_ECC", 1)))),
+        "retired_pages_pending": one("nvmlDeviceGetRetiredPagesPendingStatus",
+                                     lambda f: int(f(h))),
+        # [correctable rows, uncorrectable rows, remap pending, remap failed]
+        "remapped_rows": one("nvmlDeviceGetRemappedRows", lambda f: [int(v) for v in f(h)]),
+        # [channel repair pending, TPC repair pending] (Blackwell)
+        "repair_status": one("nvmlDeviceGetRepairStatus", lambda f: [int(v) for v in f(h)]),
+        "unrepairable_memory": one("nvmlDeviceGetUnrepairableMemoryFlag_v1",
+                                   lambda f: int(f(h))),
+    }
+
+def nvml_read(health=False):
     try:
         import pynvml as n
     except Exception as exc:
@@ -214,12 +250,14 @@ def nvml_read():
                 cc = list(n.nvmlDeviceGetCudaComputeCapability(h))
             except Exception:
                 cc = None
-            out["gpus"].append({"index": i, "name": text(n.nvmlDeviceGetName(h)),
-                                "uuid": text(n.nvmlDeviceGetUUID(h)),
-                                "memory_total": mem.total, "memory_used": mem.used,
-                                "cc": cc,
-                                "processes": [{"pid": p.pid, "used_memory": p.usedGpuMemory}
-                                              for p in procs]})
+            gpu = {"index": i, "name": text(n.nvmlDeviceGetName(h)),
+                   "uuid": text(n.nvmlDeviceGetUUID(h)),
+                   "memory_total": mem.total, "memory_used": mem.used, "cc": cc,
+                   "processes": [{"pid": p.pid, "used_memory": p.usedGpuMemory}
+                                 for p in procs]}
+            if health:  # facts only; the probe polls memory and needs none of it
+                gpu["health"] = nvml_health(n, h)
+            out["gpus"].append(gpu)
         try:  # the newest CUDA the driver supports, e.g. 12080
             out["cuda_driver"] = n.nvmlSystemGetCudaDriverVersion()
         except Exception:
@@ -233,7 +271,7 @@ def nvml_read():
         except Exception:
             pass
 '''
-NVML_SCRIPT = NVML_READ + "\nimport json\nprint(json.dumps(nvml_read()))\n"
+NVML_SCRIPT = NVML_READ + "\nimport json\nprint(json.dumps(nvml_read(True)))\n"
 _NVML: Json = {}
 exec(NVML_READ, _NVML)  # our own constant source, shared with NVML_SCRIPT
 
@@ -1749,9 +1787,91 @@ def logs(req: Json) -> Json:
     return {"ok": code == 0, "text": out}
 
 
+# -- a node group's rendezvous: can every worker open TCP to the head? ----------------
+
+
+def reach_listen(req: Json) -> Json:
+    """On a group's head: bind each rendezvous port at `addr` and accept until `expect`
+    connections came to each, or `timeout` s passed. A port already listening is not
+    bound: its owners are said, with which of them belong to the group's own `units`."""
+    ours = set()
+    for unit in req.get("units", []):
+        show = systemctl_show(unit)
+        ours.update(service_pids(show.get("ControlGroup", ""), _int(show.get("MainPID")))[0])
+    ports: Dict[int, Json] = {}
+    socks: Dict[Any, int] = {}
+    for port in req["ports"]:
+        held = port_owners(int(port))
+        row: Json = {"port": port, "bound": False, "error": None, "peers": [],
+                     "held": held["listening"],
+                     "owners": [dict(o, ours=o["pid"] in ours) for o in held["owners"]]}
+        ports[port] = row
+        if held["listening"]:
+            continue
+        sock = socket.socket(socket.AF_INET6 if ":" in req["addr"] else socket.AF_INET)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((req["addr"], int(port)))
+            sock.listen(16)
+        except OSError as exc:
+            sock.close()
+            row["error"] = _err(exc)
+            row["errno"] = errno_name(exc)
+            continue
+        row["bound"] = True
+        socks[sock] = port
+    deadline = time.monotonic() + float(req.get("timeout", 15))
+    try:
+        while socks and time.monotonic() < deadline:
+            ready, _, _ = select.select(list(socks), [], [], max(0.0, deadline - time.monotonic()))
+            for sock in ready:
+                conn, peer = sock.accept()
+                conn.close()
+                row = ports[socks[sock]]
+                row["peers"].append(peer[0])
+                if len(row["peers"]) >= int(req.get("expect", 1)):
+                    del socks[sock]
+                    sock.close()
+    finally:
+        for sock in socks:
+            sock.close()
+    return {"ports": [ports[p] for p in req["ports"]]}
+
+
+def reach_connect(req: Json) -> Json:
+    """On a worker: open TCP to `addr` at each port, retrying a refused connection (the
+    head may not listen yet) until `timeout` s; then close it."""
+    out = []
+    for port in req["ports"]:
+        started = time.monotonic()
+        deadline = started + float(req.get("timeout", 10))
+        row: Json = {"port": port, "ok": False, "error": None, "errno": None}
+        while True:
+            try:
+                left = max(0.5, deadline - time.monotonic())
+                socket.create_connection((req["addr"], int(port)), timeout=left).close()
+                row["ok"] = True
+                break
+            except OSError as exc:
+                row["error"], row["errno"] = _err(exc), errno_name(exc)
+                if row["errno"] != "ECONNREFUSED" or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.2)
+        row["seconds"] = round(time.monotonic() - started, 2)
+        out.append(row)
+    return {"ports": out}
+
+
+def errno_name(exc: OSError) -> Optional[str]:
+    if isinstance(exc, TimeoutError) or exc.__class__.__name__ == "timeout":
+        return "ETIMEDOUT"
+    return errno.errorcode.get(exc.errno or 0)
+
+
 VERBS: Dict[str, Any] = {"status": status, "facts": facts, "apply": apply, "rollback": rollback,
                          "packages": packages, "role_facts": role_facts, "probe": probe,
-                         "smoke": smoke, "history": history, "logs": logs}
+                         "smoke": smoke, "history": history, "logs": logs,
+                         "reach_listen": reach_listen, "reach_connect": reach_connect}
 
 
 def main(argv: List[str], text: str) -> Json:
