@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import sys
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -567,13 +568,14 @@ def test_the_real_xml_report_agrees_with_the_csv() -> None:
                     text("h200_vigil/list.txt"))
     assert (xml.driver, xml.cuda, csv.driver) == ("580.159.04", "13.0", "580.159.04")
     (x,), (c,) = xml.gpus, csv.gpus
-    # the XML has no compute capability, the CSV query no repair fields (vigil asks for
-    # none); everything else they both carry agrees
+    # the XML has no compute capability, the CSV query no repair fields and no lifetime
+    # ECC count (vigil asks for none); everything else they both carry agrees
     assert (x.compute_cap, c.compute_cap) == (None, "9.0")
     assert (c.channel_repair_pending, c.tpc_repair_pending, c.unrepairable_memory) == (
         None, None, None)
+    assert (x.ecc_uncorrected_aggregate, c.ecc_uncorrected_aggregate) == (0, None)
     assert replace(x, compute_cap="9.0", channel_repair_pending=None, tpc_repair_pending=None,
-                   unrepairable_memory=None) == c
+                   unrepairable_memory=None, ecc_uncorrected_aggregate=None) == c
     assert (c.name, c.uuid, c.memory_total_bytes, c.memory_used_bytes, c.ecc_uncorrected,
             c.processes, c.mig_devices) == ("NVIDIA H200", H200_UUID, 143771 * MIB, 0, 0, (), ())
 
@@ -672,3 +674,201 @@ def test_the_real_cu130_torch_on_the_h200() -> None:
     assert driver_problems("h200", cu130, real) == []
     (old,) = driver_problems("h200", cu130.model_copy(update={"cuda": "13.1"}), real)
     assert "driver 580.159.04 (its newest CUDA is 13.0) is older than 590.44.01" in str(old)
+
+
+# -- NVML health: the agent's own reads on the real H200 (h200_vigil/nvml_health/) -------
+
+HEALTH = VIGIL / "nvml_health"
+H200_HEALTH = {  # what NVML really answered there (driver 580.159.04, nvidia-ml-py 13.610.43)
+    "ecc_uncorrected_volatile": 0, "ecc_uncorrected_aggregate": 0,
+    "retired_pages_pending": {
+        "not_supported": "nvmlDeviceGetRetiredPagesPendingStatus: Not Supported"},
+    "remapped_rows": [0, 0, 0, 0], "repair_status": [0, 0], "unrepairable_memory": 0}
+HEALTH_FIELDS = ("ecc_uncorrected", "ecc_uncorrected_aggregate", "retired_pages_pending",
+                 "remap_pending", "remap_failure", "channel_repair_pending",
+                 "tpc_repair_pending", "unrepairable_memory")
+
+
+def health_of(g: Any) -> tuple[Any, ...]:
+    return tuple(getattr(g, f) for f in HEALTH_FIELDS)
+
+
+def health_raw(name: str = "agent_gpu_facts.json") -> dict[str, Any]:
+    return json.loads((HEALTH / name).read_text())  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("name", ["agent_gpu_facts.json", "busy/agent_gpu_facts.json"])
+def test_the_real_h200_nvml_health_reads_parse_to_what_the_h200_said(name: str) -> None:
+    raw = health_raw(name)
+    assert raw["nvml"]["gpus"][0]["health"] == H200_HEALTH  # idle, and under a 6 GiB load
+    (nvml,) = parse_nvml(raw["nvml"]).gpus
+    # Hopper remaps rows instead of retiring pages: NVML says "Not Supported", and that
+    # stays unknown (None), not "no pages pending"
+    assert health_of(nvml) == (0, 0, None, False, False, False, False, False)
+    g = from_agent(raw)
+    assert g.source == "nvml" and health_of(g.gpus[0]) == health_of(nvml)
+    assert health_problems("h200", g, GpuPolicy(), need=1) == []
+    assert health_lines(g, GpuPolicy())[0] == (
+        "GPU 0: sm_90; persistence on; MIG off; ECC uncorrected 0; pending: none")
+    # the same moment's XML says the same (its retired pages "N/A" too) ...
+    (xml,) = parse_smi_xml((HEALTH / "smi.xml").read_text()).gpus
+    assert health_of(xml) == health_of(nvml)
+    # ... and without NVML the agent's CSV leaves the repair fields unknown: NVML is what
+    # makes them known on a host that never needs the XML fallback
+    (csv,) = from_agent(smi_only(raw)).gpus
+    assert (csv.channel_repair_pending, csv.tpc_repair_pending, csv.unrepairable_memory,
+            csv.ecc_uncorrected_aggregate, csv.retired_pages_pending) == (
+        None, None, None, None, None)
+    assert (csv.ecc_uncorrected, csv.remap_pending, csv.remap_failure) == (0, False, False)
+
+
+class ComposedNvmlError(Exception):
+    """Composed: pynvml's NVMLError carries the return code as ``.value``."""
+
+    def __init__(self, value: int) -> None:
+        super().__init__({3: "Not Supported", 13: "Function Not Found"}.get(value, "Unknown"))
+        self.value = value
+
+
+def composed_pynvml(answers: dict[str, Any]) -> Any:
+    """Composed stand-in for nvidia-ml-py (no GPU here), answering with the H200's recorded
+    values; an answer that is an exception is raised. Calls it lacks are absent."""
+    import types
+
+    n = types.ModuleType("pynvml")
+    reading = health_raw()["nvml"]
+    gpu = reading["gpus"][0]
+
+    def answer(name: str, value: Any) -> Any:
+        def call(*_: Any) -> Any:
+            if isinstance(value, Exception):
+                raise value
+            return value
+        return call
+
+    basics = {"nvmlInit": None, "nvmlShutdown": None, "nvmlDeviceGetCount": 1,
+              "nvmlSystemGetDriverVersion": reading["driver"], "nvmlDeviceGetHandleByIndex": 0,
+              "nvmlDeviceGetMemoryInfo": types.SimpleNamespace(total=gpu["memory_total"],
+                                                               used=gpu["memory_used"]),
+              "nvmlDeviceGetComputeRunningProcesses": [],
+              "nvmlDeviceGetCudaComputeCapability": tuple(gpu["cc"]),
+              "nvmlDeviceGetName": gpu["name"].encode(), "nvmlDeviceGetUUID": gpu["uuid"],
+              "nvmlSystemGetCudaDriverVersion": reading["cuda_driver"]}
+    for name, value in {**basics, **answers}.items():
+        setattr(n, name, answer(name, value))
+    n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, n.NVML_VOLATILE_ECC, n.NVML_AGGREGATE_ECC = 1, 0, 1
+    return n
+
+
+def test_the_agent_reads_each_nvml_health_value_on_its_own(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    h200 = {"nvmlDeviceGetTotalEccErrors": 0,
+            "nvmlDeviceGetRetiredPagesPendingStatus": ComposedNvmlError(3),
+            "nvmlDeviceGetRemappedRows": (0, 0, 0, 0), "nvmlDeviceGetRepairStatus": [0, 0],
+            "nvmlDeviceGetUnrepairableMemoryFlag_v1": 0}
+    monkeypatch.setitem(sys.modules, "pynvml", composed_pynvml(h200))
+    read = agent._NVML["nvml_read"]
+    assert read(True) == health_raw()["nvml"]  # the H200's whole reading, reproduced
+    assert "health" not in read()["gpus"][0]  # the probe's per-poll read asks for none
+    # an older nvidia-ml-py without the repair calls, a driver without the function, and
+    # a read that fails: each its own answer, the other reads still made
+    older = {**h200, "nvmlDeviceGetRemappedRows": ComposedNvmlError(13),
+             "nvmlDeviceGetTotalEccErrors": ComposedNvmlError(999)}
+    n = composed_pynvml(older)
+    del n.nvmlDeviceGetRepairStatus, n.nvmlDeviceGetUnrepairableMemoryFlag_v1
+    monkeypatch.setitem(sys.modules, "pynvml", n)
+    assert read(True)["gpus"][0]["health"] == {
+        "ecc_uncorrected_volatile": {"error": "nvmlDeviceGetTotalEccErrors: Unknown"},
+        "ecc_uncorrected_aggregate": {"error": "nvmlDeviceGetTotalEccErrors: Unknown"},
+        "retired_pages_pending": H200_HEALTH["retired_pages_pending"],
+        "remapped_rows": {"not_supported": "nvmlDeviceGetRemappedRows: Function Not Found"},
+        "repair_status": {"not_supported": "nvidia-ml-py has no nvmlDeviceGetRepairStatus"},
+        "unrepairable_memory": {
+            "not_supported": "nvidia-ml-py has no nvmlDeviceGetUnrepairableMemoryFlag_v1"}}
+
+
+def test_nvml_health_not_read_stays_unknown_and_nvidia_smi_fills_it() -> None:
+    raw = health_raw()
+    # composed: every NVML health read unsupported or failed, as an older GPU answers
+    unread = {k: {"not_supported": f"{k}: Not Supported"} for k in H200_HEALTH}
+    unread["remapped_rows"] = {"error": "nvmlDeviceGetRemappedRows: Unknown Error"}
+    raw["nvml"]["gpus"][0]["health"] = unread
+    (alone,) = parse_nvml(raw["nvml"]).gpus
+    assert health_of(alone) == (None,) * len(HEALTH_FIELDS)  # unknown, never healthy
+    assert "ECC uncorrected ?" in health_lines(GpuFacts("nvml", (alone,)), GpuPolicy())[0]
+    # the real CSV of the same moment fills what it carries; the repairs stay unknown
+    (g,) = from_agent(raw).gpus
+    assert health_of(g) == (0, None, None, False, False, None, None, None)
+    # ... and its XML fallback fills them too
+    (x,) = from_agent({**raw, "smi_xml": (HEALTH / "smi.xml").read_text()}).gpus
+    assert health_of(x) == (0, 0, None, False, False, False, False, False)
+
+
+# (NVML health value, the XML element with its real text and the flipped one, what
+# preflight says)
+FLIPS = [
+    ({"ecc_uncorrected_volatile": 2}, ("dram_uncorrectable", "0", "2"),
+     "uncorrectable ECC errors since the driver loaded: GPU 0: 2"),
+    ({"retired_pages_pending": 1}, ("pending_retirement", "N/A", "Yes"),
+     "h200: GPU 0: retired pages pending"),
+    ({"remapped_rows": [0, 1, 1, 0]}, ("remapped_row_pending", "No", "Yes"),
+     "h200: GPU 0: row remap pending"),
+    ({"remapped_rows": [0, 0, 0, 1]}, ("remapped_row_failure", "No", "Yes"),
+     "h200: GPU 0: row remap failed"),
+    ({"repair_status": [1, 0]}, ("channel_repair_pending", "No", "Yes"),
+     "h200: GPU 0: channel repair pending"),
+    ({"repair_status": [0, 1]}, ("tpc_repair_pending", "No", "Yes"),
+     "h200: GPU 0: TPC repair pending"),
+    ({"unrepairable_memory": 1}, ("unrepairable_memory", "No", "Yes"),
+     "h200: GPU 0: unrepairable memory"),
+]
+
+
+@pytest.mark.parametrize(("nvml", "xml", "said"), FLIPS)
+def test_preflight_refuses_the_same_fact_alike_from_nvml_or_nvidia_smi(
+        nvml: dict[str, Any], xml: tuple[str, str, str], said: str) -> None:
+    # composed: no real GPU with these set was found; one value of the real H200 reading
+    # (NVML health, or its smi.xml of the same moment) is flipped to what the driver says
+    raw = health_raw()
+    real_xml = (HEALTH / "smi.xml").read_text()
+    tag, was, now = xml
+    assert f"<{tag}>{was}</{tag}>" in real_xml  # the first: <volatile> before <aggregate>
+    raw["nvml"]["gpus"][0]["health"] = {**H200_HEALTH, **nvml}
+    by_nvml = from_agent({"nvml": raw["nvml"]})
+    by_xml = from_agent({"smi_xml": real_xml.replace(f"<{tag}>{was}</{tag}>",
+                                                     f"<{tag}>{now}</{tag}>", 1)})
+    (a,), (b,) = (health_problems("h200", g, GpuPolicy(), need=1) for g in (by_nvml, by_xml))
+    assert (str(a), a.fix) == (str(b), b.fix)
+    assert said in str(a)
+    # NVML wins over the CSV of the same reading, which says all is well
+    (c,) = health_problems("h200", from_agent(raw), GpuPolicy(), need=1)
+    assert str(c) == str(a)
+    # and the CSV fills the fact when NVML could not read it (the ECC count, remap flags)
+    if "ecc_uncorrected_volatile" in nvml:
+        raw["nvml"]["gpus"][0]["health"]["ecc_uncorrected_volatile"] = {"error": "x"}
+        raw["smi_gpus"] = raw["smi_gpus"].replace("Disabled, 0, [N/A]", "Disabled, 2, [N/A]")
+        (d,) = health_problems("h200", from_agent(raw), GpuPolicy(), need=1)
+        assert str(d) == str(a)
+
+
+def test_a_lifetime_ecc_count_is_shown_not_refused() -> None:
+    raw = health_raw()
+    # composed: a GPU with 3 uncorrectable errors in its life, none since the driver loaded
+    raw["nvml"]["gpus"][0]["health"]["ecc_uncorrected_aggregate"] = 3
+    g = from_agent(raw)
+    assert health_problems("h200", g, GpuPolicy(), need=1) == []
+    assert health_lines(g, GpuPolicy())[0] == (
+        "GPU 0: sm_90; persistence on; MIG off; ECC uncorrected 0 (3 in the GPU's lifetime); "
+        "pending: none")
+
+
+def test_malformed_nvml_health_is_one_clear_error() -> None:
+    raw = health_raw()
+    for bad, said in (([0, 0], "gpu 0 NVML health remapped_rows: expected 4 number"),
+                      ("yes", "gpu 0 NVML health remapped_rows: expected 4 number")):
+        raw["nvml"]["gpus"][0]["health"]["remapped_rows"] = bad
+        with pytest.raises(GpuParseError, match=said):
+            parse_nvml(raw["nvml"])
+    raw["nvml"]["gpus"][0]["health"] = ["not", "a", "mapping"]
+    with pytest.raises(GpuParseError, match="gpu 0 NVML health: expected a mapping"):
+        parse_nvml(raw["nvml"])

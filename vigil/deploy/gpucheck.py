@@ -212,7 +212,10 @@ def health_lines(gpus: GpuFacts, policy: GpuPolicy) -> list[str]:
         bits = [f"{g.sm or 'sm ?'}"]
         for label, value in (("persistence", g.persistence), ("MIG", g.mig)):
             bits.append(f"{label} {'?' if value is None else 'on' if value else 'off'}")
-        bits.append(f"ECC uncorrected {'?' if g.ecc_uncorrected is None else g.ecc_uncorrected}")
+        ecc = f"ECC uncorrected {'?' if g.ecc_uncorrected is None else g.ecc_uncorrected}"
+        if g.ecc_uncorrected_aggregate and g.ecc_uncorrected_aggregate != g.ecc_uncorrected:
+            ecc += f" ({g.ecc_uncorrected_aggregate} in the GPU's lifetime)"  # not refused
+        bits.append(ecc)
         if g.unrepairable_memory:
             bits.append("unrepairable memory")
         bits.append("pending: " + (", ".join(g.pending) if g.pending else "none"))

@@ -4,7 +4,8 @@ The agent prints raw readings (``agent.gpu_facts``); every parser here reads the
 output unchanged (tests/fixtures/gpus holds published real outputs, each with its source):
 
 * NVML through the environment's python (``nvidia-ml-py``): memory, processes, compute
-  capability, the driver's CUDA version;
+  capability, the driver's CUDA version, and health (uncorrected ECC, retired pages
+  pending, remapped rows, repair status, unrepairable memory), each read on its own;
 * ``nvidia-smi --query-gpu=<fields> --format=csv`` and ``--query-compute-apps=...``: read by
   their header, so any field subset and order parses, with or without units (``81559 MiB``)
   and with ``[N/A]`` / ``[Not Supported]`` where the driver does not say;
@@ -62,6 +63,7 @@ class Gpu:
     persistence: bool | None = None
     mig: bool | None = None  # MIG mode, current
     ecc_uncorrected: int | None = None  # volatile (since the driver loaded)
+    ecc_uncorrected_aggregate: int | None = None  # the GPU's lifetime (shown, not refused)
     retired_pages_pending: bool | None = None
     remap_pending: bool | None = None
     remap_failure: bool | None = None
@@ -291,6 +293,19 @@ def _find(node: ET.Element, path: str) -> str | None:
     return None if found is None or found.text is None else found.text.strip()
 
 
+def _xml_uncorrected(node: ET.Element, counter: str) -> int | None:
+    """Uncorrectable ECC errors of one counter ("volatile" or "aggregate"): the sum of the
+    DRAM and SRAM fields the schema has (v12+), else the older ``total/uncorr``."""
+    unc = [_count(_find(node, f"ecc_errors/{counter}/{k}"), k)
+           for k in ("dram_uncorrectable", "sram_uncorrectable",
+                     "sram_uncorrectable_parity", "sram_uncorrectable_secded")]
+    known = [u for u in unc if u is not None]
+    if not known:
+        total = _count(_find(node, f"ecc_errors/{counter}/total/uncorr"), "uncorr")
+        known = [total] if total is not None else []
+    return sum(known) if known else None
+
+
 def parse_smi_xml(text: str) -> GpuFacts:
     """``nvidia-smi -q -x``: identity, memory, processes, and the health fields (ECC,
     retired pages, remapped rows, Blackwell channel/TPC repair and unrepairable memory,
@@ -304,13 +319,6 @@ def parse_smi_xml(text: str) -> GpuFacts:
     gpus = []
     for i, node in enumerate(root.findall("gpu")):
         index = i  # nvidia-smi's order (PCI bus); minor_number names the device node only
-        unc = [_count(_find(node, f"ecc_errors/volatile/{k}"), k)
-               for k in ("dram_uncorrectable", "sram_uncorrectable",
-                         "sram_uncorrectable_parity", "sram_uncorrectable_secded")]
-        known = [u for u in unc if u is not None]
-        if not known:
-            total = _count(_find(node, "ecc_errors/volatile/total/uncorr"), "uncorr")
-            known = [total] if total is not None else []
         migs = tuple(
             MigDevice(index, _count(_find(m, "index"), "mig index") or 0,
                       memory_total_bytes=_mib(_find(m, "fb_memory_usage/total"), "mig memory"))
@@ -330,7 +338,8 @@ def parse_smi_xml(text: str) -> GpuFacts:
             bus_id=node.get("id"),
             persistence=_flag(_find(node, "persistence_mode")),
             mig=_flag(_find(node, "mig_mode/current_mig")),
-            ecc_uncorrected=sum(known) if known else None,
+            ecc_uncorrected=_xml_uncorrected(node, "volatile"),
+            ecc_uncorrected_aggregate=_xml_uncorrected(node, "aggregate"),
             retired_pages_pending=_flag(_find(node, "retired_pages/pending_retirement")),
             remap_pending=_flag(_find(node, "remapped_rows/remapped_row_pending")),
             remap_failure=_flag(_find(node, "remapped_rows/remapped_row_failure")),
@@ -398,6 +407,48 @@ def parse_xids(text: str, gpus: Iterable[Gpu] = ()) -> tuple[XidEvent, ...]:
 
 # -- NVML (the agent's own JSON) ---------------------------------------------------------
 
+# agent.nvml_health's keys: (reading, how many numbers it returns)
+_NVML_HEALTH = {"ecc_uncorrected_volatile": 1, "ecc_uncorrected_aggregate": 1,
+                "retired_pages_pending": 1, "remapped_rows": 4, "repair_status": 2,
+                "unrepairable_memory": 1}
+
+
+def _nvml_health(health: object, what: str) -> dict[str, Any]:
+    """The agent's per-GPU NVML health reads as ``Gpu`` fields. A read the GPU, driver or
+    nvidia-ml-py does not support (``{"not_supported": ...}``) or that failed
+    (``{"error": ...}``) gives no field: unknown, for nvidia-smi to fill, never healthy."""
+    if health is None:
+        return {}
+    if not isinstance(health, Mapping):
+        raise GpuParseError(f"{what}: expected a mapping, got {str(health)[:200]!r}")
+    got: dict[str, list[int]] = {}
+    for key, size in _NVML_HEALTH.items():
+        value = health.get(key)
+        if value is None or (isinstance(value, Mapping)
+                             and ({"not_supported", "error"} & value.keys())):
+            continue
+        numbers = value if isinstance(value, list) else [value]
+        if len(numbers) != size:
+            raise GpuParseError(f"{what} {key}: expected {size} number(s), got {value!r}")
+        got[key] = [_int(v, f"{what} {key}") for v in numbers]
+    out: dict[str, Any] = {}
+    if "ecc_uncorrected_volatile" in got:
+        out["ecc_uncorrected"] = got["ecc_uncorrected_volatile"][0]
+    if "ecc_uncorrected_aggregate" in got:
+        out["ecc_uncorrected_aggregate"] = got["ecc_uncorrected_aggregate"][0]
+    if "retired_pages_pending" in got:  # nvmlEnableState_t
+        out["retired_pages_pending"] = bool(got["retired_pages_pending"][0])
+    if "remapped_rows" in got:  # corrected rows, uncorrected rows, pending, failure
+        out["remap_pending"] = bool(got["remapped_rows"][2])
+        out["remap_failure"] = bool(got["remapped_rows"][3])
+    if "repair_status" in got:  # bChannelRepairPending, bTpcRepairPending
+        out["channel_repair_pending"] = bool(got["repair_status"][0])
+        out["tpc_repair_pending"] = bool(got["repair_status"][1])
+    if "unrepairable_memory" in got:
+        out["unrepairable_memory"] = bool(got["unrepairable_memory"][0])
+    return out
+
+
 
 def parse_nvml(data: Mapping[str, Any]) -> GpuFacts:
     """The agent's NVML reading: bytes, as nvmlDeviceGetMemoryInfo reports them."""
@@ -421,6 +472,7 @@ def parse_nvml(data: Mapping[str, Any]) -> GpuFacts:
             processes=procs,
             compute_cap=(f"{_int(cc[0], 'cc')}.{_int(cc[1], 'cc')}"
                          if isinstance(cc, list) and len(cc) == 2 else None),
+            **_nvml_health(g.get("health"), f"gpu {i} NVML health"),
         ))
     driver = data.get("driver")
     cuda = data.get("cuda_driver")  # nvmlSystemGetCudaDriverVersion: 12080 -> "12.8"
@@ -450,8 +502,9 @@ def _enrich(base: GpuFacts, more: GpuFacts) -> GpuFacts:
 
 
 def from_agent(raw: Mapping[str, Any] | None) -> GpuFacts:
-    """Whatever the agent read: NVML first (memory, processes), nvidia-smi's CSV and XML
-    for what NVML did not give, ``-L`` for MIG devices, the kernel log for Xid events."""
+    """Whatever the agent read: NVML first (memory, processes, health), nvidia-smi's CSV
+    and XML for what NVML did not give (a health read it could not make included), ``-L``
+    for MIG devices, the kernel log for Xid events."""
     if not raw:
         return GpuFacts("none")
     error = raw.get("nvml_error")
