@@ -51,8 +51,11 @@ HARVEST8 = _rows("HARVEST8.tsv")
 # A ninth harvest (12 logs: eagle3 drafter, FP8 on sm80, driver too old, flashinfer without
 # nvcc, LoRA rank, V100 on 0.11, data parallel), held out 5/12 before its rules, 9/12 after.
 HARVEST9 = _rows("HARVEST9.tsv")
+# A tenth harvest (20 logs: TPU, Gaudi 1, ROCm APUs, XPU, Kunlun, launcher-wrapped and
+# CloudWatch-exported lines, docker RFC3339 stamps, cut healthy starts), held out 17/20.
+HARVEST10 = _rows("HARVEST10.tsv")
 ALL = (CASES + HELDOUT + HARVEST2 + HARVEST3 + HARVEST4 + HARVEST5 + HARVEST6 + HARVEST7
-       + HARVEST8 + HARVEST9)
+       + HARVEST8 + HARVEST9 + HARVEST10)
 # Known phase misses: the log itself does not show the phase the thread names.
 PHASE_NOT_IN_LOG = {
     "vllm-11485-v0-determine-blocks-no-kernel-image.log",  # method name only in the title
@@ -70,10 +73,10 @@ def _got(row: dict[str, str]) -> tuple[str, str, str | None]:
 def test_the_corpus_is_large_and_every_file_is_listed_once() -> None:
     first = [r["file"] for r in CASES + HELDOUT]
     later = (HARVEST2 + HARVEST3 + HARVEST4 + HARVEST5 + HARVEST6 + HARVEST7 + HARVEST8
-             + HARVEST9)
+             + HARVEST9 + HARVEST10)
     files = first + [r["file"] for r in later]
-    # 62 + 25 + 7 + 32 + 8 + 25 + 7 + 4 + 12 harvested + 14 shared
-    assert len(files) == len(set(files)) >= 196
+    # 62 + 25 + 7 + 32 + 8 + 25 + 7 + 4 + 12 + 20 harvested + 14 shared
+    assert len(files) == len(set(files)) >= 216
     assert len(HELDOUT) * 5 >= len(first) - 14  # a fifth of the first harvest held out
     on_disk = {p.name for p in HERE.glob("*.log")}
     assert on_disk == set(files)
@@ -141,6 +144,12 @@ def test_ninth_harvest_does_not_regress() -> None:
     # 5/12 held out; 9/12 after the fp8e4nv, nvcc and LoRA-rank rules. The three left are
     # excerpts without their error line (chain-only) and a worker relay read as a symptom.
     assert both >= 9, f"{both}/{len(HARVEST9)}"
+
+
+def test_tenth_harvest_does_not_regress() -> None:
+    both = sum(_got(r)[:2] == (r["expected_verdict"], r["expected_cause"]) for r in HARVEST10)
+    # 17/20 held out, before any rule change
+    assert both >= 17, f"{both}/{len(HARVEST10)}"
 
 
 def test_no_real_log_times_out() -> None:
