@@ -57,7 +57,8 @@ class Gpu:
     memory_total_bytes: int
     memory_used_bytes: int
     processes: tuple[GpuProcess, ...] = ()
-    # None everywhere below: the reading did not say (older driver, consumer card, NVML only)
+    # None everywhere below: the reading did not say (older driver, consumer card, a read
+    # NVML does not support and nvidia-smi did not fill)
     compute_cap: str | None = None  # "9.0", "12.0"
     bus_id: str | None = None  # "00000000:00:09.0"
     persistence: bool | None = None
