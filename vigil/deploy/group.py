@@ -7,6 +7,7 @@ The plan is a pure function of the group and what each node's own plan would cha
 - native: the head first, then the workers join it in rank order; ray: the Ray head's unit,
   the Ray workers' units, then vLLM on the head (each Ray unit is a release of its own:
   its unit and env file, backup and lock, on the group's environment);
+- before a restart, every worker must reach the head's rendezvous port (vigil.deploy.reach);
 - a failure on any node fails the group and stops the rollout there; rollback puts every
   node this deploy changed back (workers first, the head last, so nothing joins a
   half-restored head).
@@ -19,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from vigil.deploy.apply import Options, deploy_host
+from vigil.deploy.reach import check as check_reach
 from vigil.desired.groups import NodeGroup
 from vigil.desired.targets import Target
 from vigil.errors import VigilError
@@ -142,6 +144,9 @@ def deploy_group(group: NodeGroup, opts: Options, log: Log,
                       force_restart=opts.restart)
     for line in plan.describe():
         log(group.spec.name, ("would " if opts.check else "") + line)
+    if plan.restart:  # before any node is touched: a worker cut off from the head would
+        check_reach(group)  # wait in distributed_init until a timeout, minutes later
+        log(group.spec.name, "rendezvous: every worker reached the head")
     if opts.check:
         return GroupResult(group.spec.name, "changed" if plan.restart else "ok",
                            list(checks.values()), plan,
