@@ -1826,6 +1826,11 @@ def reach_listen(req: Json) -> Json:
             ready, _, _ = select.select(list(socks), [], [], max(0.0, deadline - time.monotonic()))
             for sock in ready:
                 conn, peer = sock.accept()
+                # the worker closes first, so no TIME_WAIT holds the port the head's
+                # rendezvous binds next
+                conn.settimeout(2.0)
+                with contextlib.suppress(OSError):
+                    conn.recv(1)
                 conn.close()
                 row = ports[socks[sock]]
                 row["peers"].append(peer[0])
