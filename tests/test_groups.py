@@ -274,6 +274,38 @@ def test_rollback_puts_every_changed_node_back_workers_first() -> None:
     assert [s.node for s in rollback_steps(g, {"gpu-a": True, "gpu-b": False})] == ["gpu-a"]
 
 
+@pytest.mark.parametrize("restart", [False, True])
+def test_rollback_leaves_a_node_only_restarted_with_the_group(
+        restart: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure rolls back only the releases this deploy replaced (their deploy kept the
+    running release first): gpu-a, restarted with the group (or by --restart) but not
+    replaced, keeps its files; a swap there would bring back an older release than the
+    one that ran. The per-host deploy is a stand-in giving each release's result."""
+    from vigil.deploy import group as group_mod
+    from vigil.deploy.apply import Options
+    from vigil.desired.targets import Target
+    from vigil.report import HostResult, Log
+
+    g = resolve_group(inventory.load(GOLDEN / "inventory"), "glm-native", operator_env=ENV)
+
+    def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
+        name = t.name
+        if opts.check:  # --restart: the check of an unchanged node says changed too
+            return HostResult(name, "changed" if name == "gpu-b" or restart else "ok")
+        if name == "gpu-a":
+            return HostResult(name, "changed", restarted=True, replaced=False)
+        return HostResult(name, "failed", error="restart failed", replaced=True)
+
+    monkeypatch.setattr(group_mod, "deploy_host", deploy_host)
+    monkeypatch.setattr(group_mod, "check_reach", lambda g: None)  # no hosts here
+    back: list[str] = []
+    result = group_mod.deploy_group(g, Options(restart=restart, wait=False), Log(io.StringIO()),
+                                    rollback=lambda step: back.append(step.key))
+    assert result.status == "failed" and result.failed_node == "gpu-b"
+    assert result.replaced == {"gpu-a": False, "gpu-b": True}
+    assert back == ["gpu-b"] and result.rolled_back == ("gpu-b",)
+
+
 # -- the group verdict ----------------------------------------------------------------
 
 
@@ -659,3 +691,29 @@ def test_watch_group_of_ray_waits_for_the_cluster() -> None:
     final = out.history[-1]
     assert final.verdict == "ready"
     assert "ray: 1/2 nodes alive" in out.history[0].summary
+
+
+def test_apply_plan_says_what_the_host_completed_before_a_failure(tmp_path: Path) -> None:
+    """The real agent over the local transport: the backup and the env file were done
+    before an action the agent refuses; ``done`` lists them (a group's rollback then
+    knows the release was replaced: HostResult.replaced)."""
+    from tests.conftest import target_in
+    from vigil.deploy.apply import apply_plan
+    from vigil.deploy.plan import Action, Plan
+    from vigil.errors import HostError
+    from vigil.transport.ssh import LocalTransport
+
+    t = target_in(tmp_path, "hosts:\n  h1: {connection: local, model: tiny-cpu, stack: "
+                  f"lab-cpu, config_dir: {tmp_path}/etc, unit_dir: {tmp_path}/units, "
+                  f"env_root: {tmp_path}/envs}}\n", "h1")
+    env = Path(t.rendered.paths.env)
+    env.parent.mkdir(parents=True)
+    env.write_text("A=1\n")
+    plan = Plan("h1", (Action("backup", "keep"), Action("write_env", "changed", {
+        "content": "A=2\n", "mode": "600"}), Action("bogus", "refused")), True)
+    done: list[str] = []
+    with pytest.raises(HostError, match="unknown action bogus"):
+        apply_plan(LocalTransport("h1"), t, plan, lambda _: None, done)
+    assert done == ["backup", "write_env"]
+    assert env.read_text() == "A=2\n"
+    assert (Path(t.rendered.paths.backup_dir) / "env").read_text() == "A=1\n"

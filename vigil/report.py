@@ -48,6 +48,9 @@ class HostResult:
     exit_code: int = 0  # the error's documented code (README: exit codes); 0 when not failed
     verdict: str | None = None  # verify's verdict when the deploy watched a start
     verify: dict[str, Any] | None = None  # verify's JSON (phases, budgets, evidence, smoke)
+    # the host kept its running release (backup) before replacing it: a rollback swaps
+    # exactly that one back (a plain restart keeps none; a swap would bring an older one)
+    replaced: bool = False
 
 
 def summary_table(results: list[HostResult]) -> str:

@@ -104,7 +104,10 @@ def apply_install(
     return [{"kind": "mark_env", "env_dir": env_dir, "packages": res.get("packages")}]
 
 
-def apply_plan(transport: Transport, t: Target, plan: Plan, say: Callable[[str], None]) -> None:
+def apply_plan(transport: Transport, t: Target, plan: Plan, say: Callable[[str], None],
+               done: list[str] | None = None) -> None:
+    """Apply the plan; ``done`` gets the kind of every action the host completed, also
+    when a later one fails (a group's rollback asks whether the backup was taken)."""
     if not plan.actions:
         return
     first = apply_install(transport, t, plan, say)
@@ -112,6 +115,8 @@ def apply_plan(transport: Transport, t: Target, plan: Plan, say: Callable[[str],
                                                        if a.kind != "install_env"]}
     reply = call(transport, t.vars, "apply", request, timeout=3600)
     for i, res in enumerate(reply["results"]):
+        if res["ok"] and done is not None:
+            done.append(res["kind"])
         if not res["ok"]:
             detail = res.get("error") or "failed"
             done = [r["kind"] for r in reply["results"][:i]]
@@ -149,6 +154,7 @@ def verify_start(transport: Transport, t: Target, opts: Options, log: Log,
 def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
     started = time.monotonic()
     result = HostResult(t.name, "failed")
+    done: list[str] = []  # the actions the host completed
 
     def say(message: str) -> None:
         log(t.name, message)
@@ -194,7 +200,7 @@ def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
                         return result
                     if opts.hooks is not None and plan.restarts:
                         opts.hooks.run("before_stop", t, say)
-                    apply_plan(transport, t, plan, say)
+                    apply_plan(transport, t, plan, say, done)
                     result.restarted = plan.restarts
                     need_wait = facts is not None and t.takes("verify") and (
                         plan.restarts or facts.health_status != 200)
@@ -214,6 +220,7 @@ def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
         result.exit_code = int(err.exit_code)
         say(f"FAILED: {err}")
     finally:
+        result.replaced = "backup" in done
         result.seconds = round(time.monotonic() - started, 2)
     return result
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from vigil.deploy.apply import Options, deploy_host
 from vigil.deploy.reach import check as check_reach
@@ -99,13 +99,15 @@ def plan_group(group: NodeGroup, changes: Mapping[str, bool], *,
     return GroupPlan(group.spec.name, tuple(steps), restart)
 
 
-def rollback_steps(group: NodeGroup, applied: Mapping[str, bool]) -> tuple[Step, ...]:
-    """After a failure: every release this deploy replaced goes back. native: workers
-    first, the head last, so nothing joins a half-restored head; ray: the start order
-    (the Ray head, the Ray workers, then vLLM, which places its workers on the restored
-    cluster)."""
+def rollback_steps(group: NodeGroup, replaced: Mapping[str, bool]) -> tuple[Step, ...]:
+    """After a failure: every release this deploy replaced (``replaced``: release -> its
+    deploy kept the running release first, ``HostResult.replaced``) goes back; one only
+    restarted with the group keeps its files, since a swap there would bring back an older
+    release than the one that ran. native: workers first, the head last, so nothing joins
+    a half-restored head; ray: the start order (the Ray head, the Ray workers, then vLLM,
+    which places its workers on the restored cluster)."""
     seq = releases(group) if group.spec.backend == "ray" else tuple(reversed(releases(group)))
-    back = [(node, unit) for node, unit, _ in seq if applied.get(unit_key(node, unit))]
+    back = [(node, unit) for node, unit, _ in seq if replaced.get(unit_key(node, unit))]
     return tuple(Step(n, "rollback", True, "the group failed: previous release back", u)
                  for n, u in back)
 
@@ -119,6 +121,7 @@ class GroupResult:
     failed_node: str | None = None
     error: str | None = None
     rolled_back: tuple[str, ...] = ()
+    replaced: dict[str, bool] = field(default_factory=dict)  # release -> HostResult.replaced
     seconds: float = 0.0
 
 
@@ -152,14 +155,14 @@ def deploy_group(group: NodeGroup, opts: Options, log: Log,
                            list(checks.values()), plan,
                            seconds=round(time.monotonic() - started, 2))
     results: list[HostResult] = []
-    applied: dict[str, bool] = {}
     out = GroupResult(group.spec.name, "ok", results, plan)
     for step in plan.steps:
         res = deploy_host(targets[step.key], replace(opts, restart=step.restart, wait=False),
                           log)
         results.append(res)
-        # only a release whose files this deploy replaced has one to go back to
-        applied[step.key] = checks[step.key].status == "changed"
+        # only a release this deploy replaced has one to go back to (a release restarted
+        # with the group, or one that failed before its backup, has not)
+        out.replaced[step.key] = res.replaced
         if res.status == "failed":
             out.status, out.failed_node, out.error = "failed", step.node, res.error
             break
@@ -167,7 +170,7 @@ def deploy_group(group: NodeGroup, opts: Options, log: Log,
             out.status = "changed"
     if out.status == "failed" and rollback is not None:
         done = []
-        for back in rollback_steps(group, applied):
+        for back in rollback_steps(group, out.replaced):
             log(group.spec.name, f"rollback {back.key}: {back.reason}")
             try:
                 rollback(back)

@@ -115,11 +115,10 @@ def deploy(c: Context, name: str, check: bool = False, restart: bool = False,
             return
         code = _watch(c, g, log, watch_settings(c, stall=stall))
         if code and rollback_failed:
-            assert result.plan is not None
-            back = rollback_steps(g, {s.key: r.status == "changed" for s, r in
-                                      zip(result.plan.steps, result.nodes, strict=False)})
-            log(name, "the group did not come up: rolling back "
-                + ", ".join(s.key for s in back))
+            back = rollback_steps(g, result.replaced)
+            log(name, "the group did not come up: " + (
+                "rolling back " + ", ".join(s.key for s in back) if back else
+                "nothing to roll back (this deploy replaced no release)"))
             _rollback(c, g, log, back)
     exit_with([code])
 
