@@ -463,7 +463,9 @@ def test_every_cause_record_is_complete_and_its_remedy_fills_from_the_line() -> 
      ("vllm-1  | ERROR 11-18 18:07:28 engine.py:366] ValueError: x", "ValueError: x"),
      ("│ ERROR 09-27 06:46:46 engine.py:157] RuntimeError: y     │", "RuntimeError: y"),
      ("(RayWorkerWrapper pid=11876, ip=172.19.197.159) INFO 04-25 14:54:40 [loader.py:458] "
-      "Loading weights took 36.24 seconds", "Loading weights took 36.24 seconds")],
+      "Loading weights took 36.24 seconds", "Loading weights took 36.24 seconds"),
+     # a launcher relaying the child's stderr (Mini-o3/Mini-o3#16)
+     ("[2025-09-25 20:03:20] [/bin/sh]: Process EngineCore_0:", "Process EngineCore_0:")],
 )
 def test_paste_wrappers_are_unwrapped(text: str, message: str) -> None:
     assert catalog.parse_line(text).message == message

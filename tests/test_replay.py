@@ -111,6 +111,41 @@ def test_a_logged_exception_is_a_chain_link_until_its_root_comes(tmp_path: Path)
     assert replay.replay_file(p)["verdict"] is None
 
 
+def test_a_child_process_traceback_is_a_chain_link_not_a_stop(tmp_path: Path) -> None:
+    # multiprocessing prints "Process NAME:" and a traceback only when the child's target
+    # raised; a launcher's "[date] [stream]: " relay and the parent's lines in between
+    # (Mini-o3/Mini-o3#16, vllm#10034) do not hide it.
+    relay = "[2025-09-25 20:03:20] [/bin/sh]: "
+    head = (f"{relay}Process EngineCore_0:\n"
+            "INFO 11-05 04:16:48 multiproc_worker_utils.py:124] Killing local vLLM worker "
+            "processes\n"
+            f"{relay}Traceback (most recent call last):\n"
+            f'{relay}  File "/v/vllm/v1/engine/core.py", line 623, in run_engine_core\n')
+    p = tmp_path / "child.log"
+    p.write_text(head)
+    out = replay.replay_file(p)
+    assert (out["verdict"], out["cause"]) == ("crashed", "unknown")
+    assert "Process EngineCore_0:" in out["proof"]
+    # its root, when the paste has it, names the cause
+    p.write_text(head + f"{relay}ValueError: No available memory for the cache blocks.\n")
+    assert replay.replay_file(p)["cause"] == "kv_cache_too_small"
+    # Ctrl-C reaches the child too: its KeyboardInterrupt traceback is the stop's
+    p.write_text(head + "KeyboardInterrupt\n")
+    assert replay.replay_file(p)["verdict"] == "stopped"
+    # a paste that keeps only the engine core's frames (vllm#18567) is a chain link too
+    frame = ('(EngineCore_0 pid=7) ERROR 05-22 22:31:10 [core.py:493]   File '
+             '"/e/vllm/v1/engine/core.py", line 482, in run_engine_core\n')
+    p.write_text(frame)
+    assert (replay.replay_file(p)["verdict"], replay.replay_file(p)["cause"]) == (
+        "crashed", "unknown")
+    p.write_text(head + frame + "KeyboardInterrupt\n")
+    assert replay.replay_file(p)["verdict"] == "stopped"
+    # the header with no traceback after it (a name in a message) proves nothing
+    p.write_text("Process EngineCore_0:\n" + "INFO 11-05 04:16:48 a.py:1] x\n" * 3
+                 + "Traceback (most recent call last):\n")
+    assert replay.replay_file(p)["verdict"] is None
+
+
 def test_fatal_after_startup_complete_is_not_ready(tmp_path: Path) -> None:
     p = tmp_path / "dead.log"
     p.write_text("INFO 11-29 10:00:00 [a.py:1] Starting vLLM server on http://0.0.0.0:8000\n"

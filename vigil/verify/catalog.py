@@ -704,6 +704,10 @@ CAUSES: tuple[Cause, ...] = (
         "the engine failed to start: read the root-cause traceback above this line in the "
         "journal (journalctl -u UNIT -n 200)",
         role="chain",
+        # V1's engine core process target: a traceback through it is the engine core
+        # dying of an exception (SIGTERM/SIGINT leave it as SystemExit, quietly), seen
+        # alone when a paste keeps only the chain (vllm#18567)
+        frames=frozenset({"run_engine_core"}),
     ),
 )
 
@@ -742,6 +746,10 @@ _WORKER_METHOD = re.compile(
 _PROC_PHASE = re.compile(r"^(?:EngineCore|VllmWorker|Worker|RayWorkerWrapper)")
 # multiprocessing's header of a child's traceback: "Process EngineCore_0:"
 _PROC_HEADER = re.compile(r"^Process (?:EngineCore|VllmWorker|Worker)\S*:$")
+# CPython's BaseProcess._bootstrap writes "Process NAME:" and the traceback only when the
+# child's target raised (SystemExit, vLLM's own signal exit, prints nothing): a vLLM
+# process died. V0's engine process is a spawn child with the default "SpawnProcess-N".
+CHILD_DIED = re.compile(r"^Process (?:EngineCore|VllmWorker|Worker|SpawnProcess)[\w-]{0,40}:$")
 # Serving: requests answered, throughput stats, uvicorn bound. Access lines of any status:
 # a 404 is an answer too.
 _SERVING = re.compile(
@@ -774,9 +782,11 @@ _KV_NONE = re.compile(r"Available KV cache memory: (?:-[0-9.]+|0(?:\.0+)?) ?GiB"
 # Real escape codes, and the caret form (`^[[0;36m`) a terminal copy leaves.
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]|\^\[\[[0-9;]*m")
 # Wrappers users paste around vLLM's lines: HTML colour tags, CI gutters ("  | "), a
-# bracketed ISO stamp, docker compose's "name  | ".
+# bracketed ISO stamp (a launcher's "[2025-09-25 20:03:20] [/bin/sh]: " relaying the
+# child's output adds its stream's name), docker compose's "name  | ".
 _WRAPPERS = re.compile(
-    r"^(?:\s*<[^>]{1,80}>)+|^\s*\|\s|^\s*\[\d{4}-\d\d-\d\dT[\d:.]+Z?\]\s?"
+    r"^(?:\s*<[^>]{1,80}>)+|^\s*\|\s"
+    r"|^\s*\[\d{4}-\d\d-\d\d[T ][\d:.]{1,20}Z?\](?: \[[^\]\s]{1,40}\]:)?\s?"
     r"|^[\w.-]{1,60}\s+\|\s|^\[rank\d+\]:\s?|^\s*[│┃]\s?")
 _TRAILING = re.compile(r"\s*[│┃]\s*$")
 _TAGS = re.compile(r"</?(?:font|b|i|span)[^>]{0,80}>")
@@ -917,6 +927,13 @@ def _floats(groups: dict[str, str | None]) -> dict[str, float]:
         except ValueError:
             continue
     return out
+
+
+def is_traceback_link(text: str) -> bool:
+    """A chain link proven by a traceback's shape (a dying child's header, a frame), which
+    a KeyboardInterrupt closing that traceback turns into the stop's."""
+    msg = parse_line(text).message
+    return CHILD_DIED.match(msg) is not None or _FRAME_ANY.match(msg) is not None
 
 
 def _reached(line: Line, msg: str) -> str | None:

@@ -166,6 +166,9 @@ class WatchState:
     # The last ERROR line that classified as nothing, with its source and process: if a
     # traceback follows it from the same logger, it was logger.exception()'s message.
     error_line: tuple[str | None, str | None, str] | None = None
+    # multiprocessing's "Process NAME:" header of a dying child, while its traceback may
+    # still follow (lines left: other processes' lines can come in between).
+    child_died: tuple[str, int] | None = None
     evidence: Evidence = Evidence()
     weak_crash_at: float | None = None  # a crash proven only weakly, first seen (waiting)
     exit_line_at: float | None = None  # systemd's "Main process exited" line of this start
@@ -409,6 +412,22 @@ def _logged_exception(prev: tuple[str | None, str | None, str] | None,
     return prev[2] if (line.source, line.proc) == prev[:2] else None
 
 
+def _child_header(prev: tuple[str, int] | None, m: catalog.Match,
+                  text: str) -> tuple[str, int] | None:
+    """The pending "Process NAME:" header after this line: a new one, or the previous one
+    with one line fewer left (3: the parent may log in between), none once used."""
+    if catalog.CHILD_DIED.match(m.line.message):
+        return text.strip(), 3
+    if prev is None or m.line.message == _TRACEBACK or prev[1] <= 1:
+        return None
+    return prev[0], prev[1] - 1
+
+
+def _child_traceback(prev: tuple[str, int] | None, m: catalog.Match) -> str | None:
+    """The header, if this line opens the dying child's traceback."""
+    return prev[0] if prev is not None and m.line.message == _TRACEBACK else None
+
+
 def _fold_lines(st: WatchState, snap: Snapshot, now: float) -> tuple[_Fold, WatchState]:
     f = _Fold(spans=list(st.spans), fatal=list(st.fatal), shards=st.shards, st=st)
     for entry in snap.journal.lines:
@@ -424,7 +443,21 @@ def _fold_lines(st: WatchState, snap: Snapshot, now: float) -> tuple[_Fold, Watc
             continue
         f.new_lines += 1
         logged = _logged_exception(f.st.error_line, m)
-        f.st = replace(f.st, last_line=m.line.message, error_line=_error_line(m, entry.text))
+        died = _child_traceback(f.st.child_died, m)
+        f.st = replace(f.st, last_line=m.line.message, error_line=_error_line(m, entry.text),
+                       child_died=_child_header(f.st.child_died, m, entry.text))
+        if died is not None and len(f.fatal) < MAX_FATAL and not (
+                f.st.started_at is not None and t < f.st.started_at):
+            f.fatal.append(Fatal("unknown", died[:2000], catalog.remedy_for("unknown"),
+                                 "chain", t, after_stop=f.st.stop_asked))
+        # Ctrl-C reaches the children too: the chain links of a traceback that a
+        # KeyboardInterrupt closes are the stop's, not a failure.
+        if m.kind == "stop" and m.stop == "trigger":
+            i = len(f.fatal)
+            while i > 0 and f.fatal[i - 1].rank == "chain" and \
+                    catalog.is_traceback_link(f.fatal[i - 1].proof):
+                i -= 1
+                f.fatal[i] = replace(f.fatal[i], after_stop=True)
         # Python's logger.exception(msg): msg, then the traceback, each line under the
         # logger's prefix (V0 run_mp_engine logs the exception's text this way, e.g.
         # Gaudi's "0 active drivers"). The failure's own line ends the traceback, if the
