@@ -386,15 +386,24 @@ def connect(i: int, user: str = "root", timeout: float = 5.0) -> paramiko.SSHCli
 
 
 def run(i: int, command: str, user: str = "root", timeout: float = 60.0) -> tuple[int, str, str]:
-    """Run a command on lab host i over SSH: (exit status, stdout, stderr)."""
-    client = connect(i, user)
-    try:
-        _, out, err = client.exec_command(command, timeout=timeout)
-        stdout = out.read().decode(errors="replace")
-        stderr = err.read().decode(errors="replace")
-        return out.channel.recv_exit_status(), stdout, stderr
-    finally:
-        client.close()
+    """Run a command on lab host i over SSH: (exit status, stdout, stderr). Opening the
+    session is tried twice: on a loaded 2-core machine the host's sshd once took over 60 s
+    to open one (paramiko's "Timeout opening channel"); nothing has run by then."""
+    for attempt in (1, 2):
+        client = connect(i, user)
+        try:
+            try:
+                _, out, err = client.exec_command(command, timeout=timeout)
+            except paramiko.SSHException:
+                if attempt == 2:
+                    raise
+                continue
+            stdout = out.read().decode(errors="replace")
+            stderr = err.read().decode(errors="replace")
+            return out.channel.recv_exit_status(), stdout, stderr
+        finally:
+            client.close()
+    raise AssertionError("unreachable")
 
 
 def stop_now(unit: str = "vllm") -> str:
