@@ -285,6 +285,13 @@ FATALS = [
      "`trust_remote_code=True` in LLM or using the `--trust-remote-code` flag in the CLI."),
     ("trust_remote_code", '  File "/home/u/.conda/envs/rdv/lib/python3.12/site-packages/'
      'transformers/dynamic_module_utils.py", line 678, in resolve_trust_remote_code'),
+    # HARVEST11: a traceback through vLLM's bfloat16 check (ReCall#52; QAnything#128 cuts
+    # it there); flashinfer's ninja runner (slime#1314)
+    ("dtype_unsupported", '  File "/home/user/.conda/envs/re-call/lib/python3.10/site-packages'
+     '/vllm/worker/worker.py", line 524, in _check_if_gpu_supports_dtype'),
+    ("kernel_jit_build_failed", '  File "/usr/local/app/micromamba/envs/slime/lib/python3.12/'
+     'site-packages/flashinfer/jit/cpp_ext.py", line 299, in run_ninja [repeated 4x across '
+     "cluster]"),
 ]
 
 
@@ -489,3 +496,24 @@ def test_the_lora_rank_remedy_names_both_ranks() -> None:
 ])
 def test_fp8_on_ampere_and_a_jit_without_nvcc_are_named(line: str, cause: str) -> None:
     assert catalog.classify(line).cause == cause
+
+
+def test_fastchat_relays_are_unwrapped_to_the_line_they_carry() -> None:
+    # FastChat's worker logs its stderr as "date | ERROR | stderr | line" (QAnything#302):
+    # the level is the relay's, the line underneath is what vLLM printed
+    line = catalog.parse_line("2024-04-27 10:13:05 | ERROR | stderr | Traceback (most recent "
+                              "call last):")
+    assert line.message == "Traceback (most recent call last):"
+    # and through docker compose, cut inside vLLM's bfloat16 check (QAnything#128)
+    m = catalog.classify("qanything-container-local  | 2024-02-20 21:46:23 | ERROR | stderr |"
+                         '   File "/usr/local/lib/python3.10/dist-packages/vllm/worker/worker.py"'
+                         ", line 231, in _check_if_gpu_supports_dtype")
+    assert (m.kind, m.cause, m.reached) == ("fatal", "dtype_unsupported", "engine_init")
+
+
+def test_flashinfer_build_and_load_alone_is_not_a_failed_build() -> None:
+    # build_and_load builds, then loads; the frames above it (vllm#50705) prove neither
+    m = catalog.classify('(EngineCore pid=4140) ERROR 08-03 17:46:16 [core.py:1330]   File '
+                         '"/workspace/venv/lib/python3.12/site-packages/flashinfer/prefill.py",'
+                         ' line 447, in get_batch_prefill_module')
+    assert m.cause is None

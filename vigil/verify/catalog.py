@@ -418,9 +418,11 @@ CAUSES: tuple[Cause, ...] = (
         "(flashinfer-cubin/flashinfer-jit-cache matching flashinfer-python), make nvcc and "
         "the CUDA toolkit match torch's CUDA, or pick another attention/sampling backend "
         "(VLLM_ATTENTION_BACKEND, VLLM_USE_FLASHINFER_SAMPLER=0)",
-        # torch.utils.cpp_extension runs every JIT build through this; in a traceback
-        # it means the build itself failed.
-        frames=frozenset({"_run_ninja_build"}),
+        # torch.utils.cpp_extension runs every JIT build through _run_ninja_build,
+        # flashinfer's jit/cpp_ext.py through run_ninja (slime#1314): each only runs
+        # ninja and raises when it fails, so in a traceback the build itself failed.
+        # Not flashinfer's build_and_load: it also loads the module and may not build.
+        frames=frozenset({"_run_ninja_build", "run_ninja"}),
     ),
     Cause(
         "platform_not_detected",
@@ -457,6 +459,11 @@ CAUSES: tuple[Cause, ...] = (
         "the GPU has no bfloat16 (compute capability below 8.0: V100, T4, RTX 20xx): start "
         "with --dtype half (float16), or use a GPU of compute capability 8.0 or newer",
         reached="engine_init",
+        # The checks' only raise is this refusal (worker.py's _check_if_gpu_supports_dtype
+        # 0.2 → 0.10; platforms' check_if_supports_dtype after it, whose in-tree raises
+        # are bfloat16 too: CUDA below sm80, XPU's A770): a traceback through them is
+        # this cause when the paste cuts the ValueError (QAnything#128)
+        frames=frozenset({"_check_if_gpu_supports_dtype", "check_if_supports_dtype"}),
     ),
     Cause(
         "quantization_unsupported",
@@ -783,10 +790,13 @@ _KV_NONE = re.compile(r"Available KV cache memory: (?:-[0-9.]+|0(?:\.0+)?) ?GiB"
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]|\^\[\[[0-9;]*m")
 # Wrappers users paste around vLLM's lines: HTML colour tags, CI gutters ("  | "), a
 # bracketed ISO stamp (a launcher's "[2025-09-25 20:03:20] [/bin/sh]: " relaying the
-# child's output adds its stream's name), docker compose's "name  | ".
+# child's output adds its stream's name), docker compose's "name  | ", FastChat's worker
+# relaying its stderr/stdout through its logger ("2024-02-20 21:46:23 | ERROR | stderr | ":
+# the relay's level, not the line's; QAnything#128, #302, vllm#9329).
 _WRAPPERS = re.compile(
     r"^(?:\s*<[^>]{1,80}>)+|^\s*\|\s"
     r"|^\s*\[\d{4}-\d\d-\d\d[T ][\d:.]{1,20}Z?\](?: \[[^\]\s]{1,40}\]:)?\s?"
+    r"|^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| [A-Z]{4,8} \| std(?:err|out) \| ?"
     r"|^[\w.-]{1,60}\s+\|\s|^\[rank\d+\]:\s?|^\s*[│┃]\s?")
 _TRAILING = re.compile(r"\s*[│┃]\s*$")
 _TAGS = re.compile(r"</?(?:font|b|i|span)[^>]{0,80}>")
@@ -962,6 +972,9 @@ def classify(text: str) -> Match:
     if frame:
         for cause in CAUSES:
             if frame.group("func") in cause.frames:
+                if cause.reached is not None and (
+                        reached is None or phase_index(cause.reached) > phase_index(reached)):
+                    reached = cause.reached
                 return Match("fatal", line, cause=cause.id, remedy=remedy_for(cause.id),
                              reached=reached, role=cause.role)
     exc = _EXCEPTION.match(msg)
