@@ -517,3 +517,15 @@ def test_flashinfer_build_and_load_alone_is_not_a_failed_build() -> None:
                          '"/workspace/venv/lib/python3.12/site-packages/flashinfer/prefill.py",'
                          ' line 447, in get_batch_prefill_module')
     assert m.cause is None
+
+
+@pytest.mark.parametrize("line", [
+    "server:2699411:2699411 [0] init.cc:416 NCCL WARN Cuda failure 'operation not supported'",
+    "kmaker-54-033138205093:44712:44746 [2] transport/nvls.cc:246 NCCL WARN Cuda failure 3 "
+    "'initialization error'",
+])
+def test_an_nccl_warn_is_a_hint_not_a_fatal(line: str) -> None:
+    # vllm#20226, #9369: the cause of a crash nothing else explains, never a crash itself
+    m = catalog.classify(line)
+    assert (m.kind, m.cause, m.role, m.reached) == (
+        "other", "nccl_error", "hint", "distributed_init")

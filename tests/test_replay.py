@@ -146,6 +146,35 @@ def test_a_child_process_traceback_is_a_chain_link_not_a_stop(tmp_path: Path) ->
     assert replay.replay_file(p)["verdict"] is None
 
 
+def test_an_nccl_warn_names_an_unknown_crash_but_never_makes_one(tmp_path: Path) -> None:
+    # NCCL's own WARN, then only the chain: "WorkerProc failed to start." (vllm#20226)
+    warn = ("server:2699411:2699411 [0] init.cc:416 NCCL WARN Cuda failure 'operation not "
+            "supported'\nserver:2699411:2699411 [0] NCCL INFO init.cc:1397 -> 1\n")
+    chain = ("(VllmWorker rank=1 pid=2699412) ERROR 08-11 10:45:36 [multiproc_executor.py:511]"
+             " WorkerProc failed to start.\n")
+    p = tmp_path / "nccl.log"
+    p.write_text(warn + chain)
+    out = replay.replay_file(p)
+    assert (out["verdict"], out["cause"]) == ("crashed", "nccl_error")
+    assert "Cuda failure" in out["proof"]
+    # the WARN alone, then a start that serves: never a crash
+    p.write_text(warn + "INFO:     Uvicorn running on http://0.0.0.0:8000 (Press CTRL+C to "
+                 "quit)\n")
+    assert replay.replay_file(p)["verdict"] == "ready"
+    p.write_text(warn)
+    assert replay.replay_file(p)["verdict"] is None
+    # an exception line names its own crash, a root cause too
+    p.write_text(warn + chain + "ValueError: bad argument\n")
+    assert replay.replay_file(p)["cause"] == "unknown"
+    p.write_text(warn + chain + "torch.OutOfMemoryError: CUDA out of memory. Tried to "
+                 "allocate 2.00 GiB\n")
+    assert replay.replay_file(p)["cause"] == "out_of_memory"
+    # a WARN after an orderly stop is teardown
+    p.write_text("INFO 08-11 10:45:20 [api_server.py:1] vLLM API server version 0.10.0\n"
+                 "INFO 08-11 10:45:30 [a.py:1] Received signal SIGTERM\n" + warn + chain)
+    assert replay.replay_file(p)["verdict"] == "stopped"
+
+
 def test_fatal_after_startup_complete_is_not_ready(tmp_path: Path) -> None:
     p = tmp_path / "dead.log"
     p.write_text("INFO 11-29 10:00:00 [a.py:1] Starting vLLM server on http://0.0.0.0:8000\n"

@@ -24,7 +24,8 @@ from typing import Literal
 
 Edge = Literal["start", "progress", "end"]
 Kind = Literal["marker", "fatal", "noise", "serving", "stop", "other"]
-Role = Literal["root", "symptom", "chain"]
+# hint: a line that names what failed but never proves a crash by itself
+Role = Literal["root", "symptom", "chain", "hint"]
 
 # Progress signals the reducer can see. Everywhere: a new log line, a new phase,
 # checkpoint-shard progress, GPU memory or RSS moving, the compile cache growing — work a
@@ -241,6 +242,10 @@ class Cause:
     reached: str | None = None  # the phase this failure proves the start got to
     # Function names whose traceback frame proves this cause (`File "…", in NAME`).
     frames: frozenset[str] = frozenset()
+    # Wordings that name this cause for a crash nothing else explains (a chain line, the
+    # unit's state), but never prove one: a library's warning about a call that failed,
+    # which its caller may survive.
+    hints: tuple[str, ...] = ()
 
     @property
     def regex(self) -> re.Pattern[str]:
@@ -360,7 +365,7 @@ CAUSES: tuple[Cause, ...] = (
     ),
     Cause(
         "nccl_error",
-        (r"NCCL error|Failed to load NCCL library|NCCL WARN .*(?:failed|error)"
+        (r"NCCL error|Failed to load NCCL library"
          r"|ncclSystemError|ncclInternalError|ncclUnhandledCudaError"
          # cupy's binding (0.9): NcclError: NCCL_ERROR_SYSTEM_ERROR: …
          r"|NCCL_ERROR_[A-Z_]+",
@@ -380,6 +385,12 @@ CAUSES: tuple[Cause, ...] = (
         "first: read every rank's log, and try NCCL_P2P_DISABLE=1 if the first all-reduce "
         "never completes",
         reached="distributed_init",
+        # NCCL's own `host:pid:tid [dev] file.cc:N NCCL WARN <text>` (NCCL_DEBUG=WARN or
+        # INFO): CUDACHECK's "Cuda failure '…'" returns ncclUnhandledCudaError and the INFO
+        # "file.cc:N -> 1" lines carry it up (vllm#20226, #9369, #6732, nccl#1029), but a
+        # WARN is also logged for what NCCL falls back from or meets in teardown ("[Proxy
+        # Service] Poll failed"): it names the cause, never proves the crash.
+        hints=(r"NCCL WARN .{0,300}?(?:[Ff]ail(?:ed|ure)|[Ee]rror)",),
     ),
     Cause(
         "port_in_use",
@@ -721,6 +732,8 @@ CAUSES: tuple[Cause, ...] = (
 CAUSE: Mapping[str, Cause] = {c.id: c for c in CAUSES}
 _COMPILED: dict[str, re.Pattern[str]] = {
     c.id: re.compile("|".join(f"(?:{p})" for p in c.patterns)) for c in CAUSES}
+_HINTS: tuple[tuple[Cause, re.Pattern[str]], ...] = tuple(
+    (c, re.compile("|".join(f"(?:{p})" for p in c.hints))) for c in CAUSES if c.hints)
 
 # Remedies of the verdicts that are not a cause.
 VERDICT_REMEDIES: Mapping[str, str] = {
@@ -1006,6 +1019,13 @@ def classify(text: str) -> Match:
                     values=_floats(fm.groupdict()), reached=reached, role=cause.role,
                     exception=exc_type,
                 )
+    for cause, hint in _HINTS:
+        if hint.search(msg):
+            if cause.reached is not None and (
+                    reached is None or phase_index(cause.reached) > phase_index(reached)):
+                reached = cause.reached
+            return Match("other", line, cause=cause.id, remedy=remedy_for(cause.id),
+                         reached=reached, role="hint")
     if exc_type is not None and exc_type not in _TEARDOWN_TYPES and (
             line.level in (None, "ERROR", "CRITICAL")):
         return Match("fatal", line, cause="unknown", remedy=remedy_for("unknown"),

@@ -54,6 +54,7 @@ MOVE_MIB = 64.0
 RSS_MOVE = 64 * 1024 * 1024
 CPU_BUSY = 0.3  # tree CPU seconds per wall second that count as "working"
 MAX_FATAL = 64
+MAX_HINTS = 8
 _RANK = {"root": 0, "exception": 1, "symptom": 2, "chain": 3}
 # systemd sub-states of a stop job: someone asked the unit to stop.
 _STOP_SUBSTATES = frozenset({"stop", "stop-pre", "stop-sigterm", "stop-sigkill",
@@ -162,6 +163,9 @@ class WatchState:
     extended: frozenset[str] = frozenset()  # phases already reported slow
     warnings: tuple[str, ...] = ()
     fatal: tuple[Fatal, ...] = ()  # in the order seen
+    # Lines that name a cause without proving a crash (catalog hints), first few seen:
+    # they name a crash nothing better explains.
+    hints: tuple[Fatal, ...] = ()
     last_line: str = ""
     # The last ERROR line that classified as nothing, with its source and process: if a
     # traceback follows it from the same logger, it was logger.exception()'s message.
@@ -475,6 +479,11 @@ def _fold_lines(st: WatchState, snap: Snapshot, now: float) -> tuple[_Fold, Watc
         before_start = f.st.started_at is not None and t < f.st.started_at
         if m.kind == "fatal" and m.cause is not None and before_start:
             continue
+        if m.role == "hint" and m.cause is not None and not before_start \
+                and len(f.st.hints) < MAX_HINTS:
+            f.st = replace(f.st, hints=(*f.st.hints, Fatal(
+                m.cause, entry.text.strip()[:2000], m.remedy or "", "hint", t,
+                after_stop=f.st.stop_asked)))
         if m.kind == "fatal" and m.cause is not None:
             rank = "exception" if (m.role == "root" and m.cause == "unknown") else (
                 m.role or "chain")
@@ -588,7 +597,7 @@ def step(
             return replace(st, summary=f"{_describe(st, now, budgets, _label(st))}; "
                            f"crash evidence ({crash[1][:120]}): waiting for the journal")
     if crash is not None:
-        cause, proof, remedy = crash
+        cause, proof, remedy = _hinted(st, crash)
         return _finish(st, "crashed", cause, proof, remedy, now, budgets)
 
     # 4. Ready: /health 200 and a real completion with tokens; from a plain log, the
@@ -696,6 +705,18 @@ def _crash(st: WatchState, snap: Snapshot, smoke: Smoke | None) -> tuple[str, st
     return None
 
 
+def _hinted(st: WatchState, crash: tuple[str, str, str]) -> tuple[str, str, str]:
+    """A crash of unknown cause, proven only by a chain line or the unit's state, takes its
+    cause from the first hint of this start (NCCL's WARN naming the CUDA call that failed
+    before "WorkerProc failed to start."). A root cause, an exception line or a symptom
+    keeps its own; a hint alone is never a crash."""
+    best = _best_fatal(st.fatal)
+    if crash[0] != "unknown" or (best is not None and best.rank != "chain"):
+        return crash
+    hint = next((h for h in st.hints if not h.after_stop), None)
+    return crash if hint is None else (hint.cause, hint.proof, hint.remedy)
+
+
 def _weak(st: WatchState, crash: tuple[str, str, str]) -> bool:
     """Whether the crash stands only on the unit's state or a chain line (so a better
     line may still be on its way through journald)."""
@@ -753,18 +774,25 @@ def _refine_cause(state: WatchState, snap: Snapshot) -> WatchState:
     if state.verdict != "crashed" or not state.fatal:
         return state
     fatal = list(state.fatal)
+    hints = list(state.hints)
     for entry in snap.journal.lines:
         m = catalog.classify(entry.text)
+        if m.role == "hint" and m.cause is not None and len(hints) < MAX_HINTS:
+            hints.append(Fatal(m.cause, entry.text.strip()[:2000], m.remedy or "", "hint",
+                               snap.time))
         if m.kind == "fatal" and m.cause is not None:
             rank = "exception" if (m.role == "root" and m.cause == "unknown") else (
                 m.role or "chain")
             fatal.append(Fatal(m.cause, entry.text.strip(), m.remedy or "", rank,
                                snap.time))
     best = _best_fatal(tuple(fatal))
-    st = replace(state, fatal=tuple(fatal))
-    if best is None or best.proof == state.proof:
+    st = replace(state, fatal=tuple(fatal), hints=tuple(hints))
+    if best is None:
         return st
-    return replace(st, cause=best.cause, proof=best.proof, remedy=best.remedy)
+    cause, proof, remedy = _hinted(st, (best.cause, best.proof, best.remedy))
+    if proof == state.proof:
+        return st
+    return replace(st, cause=cause, proof=proof, remedy=remedy)
 
 
 def _ready_from_log(st: WatchState, budgets: Budgets) -> WatchState:
