@@ -207,6 +207,27 @@ def test_generic_chain_line_is_refined_by_a_later_root_cause() -> None:
     assert (states[2].verdict, states[2].cause) == ("crashed", "out_of_memory")
 
 
+def test_an_nccl_warn_names_a_failed_unit_but_alone_keeps_a_live_start_going() -> None:
+    warn = "server:7:7 [0] init.cc:416 NCCL WARN Cuda failure 'operation not supported'"
+    # the WARN on a live, healthy unit: no verdict
+    assert fold([_snap(0, warn, unit=UP), _snap(10, unit=UP)])[-1].verdict is None
+    # the unit then fails with no root of its own: the WARN names it (vllm#20226)
+    failed = Unit(active_state="failed", sub_state="failed", exec_main_status=1)
+    st = fold([_snap(0, warn, unit=UP), _snap(10, unit=failed),
+               _snap(10 + reducer.EVIDENCE_WAIT_S, unit=failed)])[-1]
+    assert (st.verdict, st.cause) == ("crashed", "nccl_error")
+    assert st.proof is not None and "Cuda failure" in st.proof
+    # named at the chain line's crash; a root cause that comes later still wins
+    states = fold([_snap(0, warn, unit=UP),
+                   _snap(10, "(VllmWorker rank=1 pid=8) ERROR 08-11 10:45:36 "
+                             "[multiproc_executor.py:511] WorkerProc failed to start.", unit=UP),
+                   _snap(10 + reducer.EVIDENCE_WAIT_S, unit=UP),
+                   _snap(20, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+                             "2 GiB")])
+    assert (states[2].verdict, states[2].cause) == ("crashed", "nccl_error")
+    assert (states[3].verdict, states[3].cause) == ("crashed", "out_of_memory")
+
+
 def test_root_cause_wins_over_chain_lines_in_the_same_poll() -> None:
     st = fold([_snap(0, "ValueError: User-specified max_model_len (4096) is greater than "
                         "the derived max_model_len (max_position_embeddings=1024)",
