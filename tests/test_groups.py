@@ -267,10 +267,10 @@ def test_a_change_on_one_node_restarts_the_group_head_first() -> None:
     assert order(g) == ("gpu-a", "gpu-b")
 
 
-def test_rollback_puts_every_changed_node_back_workers_first() -> None:
+def test_rollback_puts_every_changed_node_back_head_first() -> None:
     g = resolve_group(inventory.load(GOLDEN / "inventory"), "glm-native", operator_env=ENV)
     steps = rollback_steps(g, {"gpu-a": True, "gpu-b": True})
-    assert [s.node for s in steps] == ["gpu-b", "gpu-a"]
+    assert [s.node for s in steps] == ["gpu-a", "gpu-b"]
     assert [s.node for s in rollback_steps(g, {"gpu-a": True, "gpu-b": False})] == ["gpu-a"]
 
 
@@ -546,7 +546,7 @@ def test_a_ray_group_starts_the_cluster_then_vllm_and_restarts_as_one() -> None:
     assert plan.describe()[1] == "apply gpu-d/ray (restart): changed"
     with pytest.raises(ValueError, match="no plan for gpu-c/ray"):
         plan_group(g, {"gpu-d/ray": True, "gpu-c": False})
-    # rollback restores the cluster first, then vLLM on it; native goes workers first
+    # rollback restores the cluster first, then vLLM on it (the start order)
     back = rollback_steps(g, {"gpu-c/ray": True, "gpu-d/ray": True, "gpu-c": True})
     assert [s.key for s in back] == ["gpu-c/ray", "gpu-d/ray", "gpu-c"]
     assert [s.key for s in rollback_steps(g, {"gpu-c": True})] == ["gpu-c"]

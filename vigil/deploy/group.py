@@ -9,8 +9,8 @@ The plan is a pure function of the group and what each node's own plan would cha
   its unit and env file, backup and lock, on the group's environment);
 - before a restart, every worker must reach the head's rendezvous port (vigil.deploy.reach);
 - a failure on any node fails the group and stops the rollout there; rollback puts every
-  node this deploy changed back (workers first, the head last, so nothing joins a
-  half-restored head).
+  node this deploy replaced back, in the start order (the head first: a worker restored
+  before it joined the old head during its stop, seen live).
 """
 
 from __future__ import annotations
@@ -103,11 +103,13 @@ def rollback_steps(group: NodeGroup, replaced: Mapping[str, bool]) -> tuple[Step
     """After a failure: every release this deploy replaced (``replaced``: release -> its
     deploy kept the running release first, ``HostResult.replaced``) goes back; one only
     restarted with the group keeps its files, since a swap there would bring back an older
-    release than the one that ran. native: workers first, the head last, so nothing joins
-    a half-restored head; ray: the start order (the Ray head, the Ray workers, then vLLM,
-    which places its workers on the restored cluster)."""
-    seq = releases(group) if group.spec.backend == "ray" else tuple(reversed(releases(group)))
-    back = [(node, unit) for node, unit, _ in seq if replaced.get(unit_key(node, unit))]
+    release than the one that ran. In the start order, as deploy: native, the head first
+    (its restart returns once the old head is gone; a worker restored before it joined
+    the old head during that stop, live on the lab, and hung while the restored head
+    waited for it in distributed_init); ray, the Ray head, the Ray workers, then vLLM,
+    which places its workers on the restored cluster."""
+    back = [(node, unit) for node, unit, _ in releases(group)
+            if replaced.get(unit_key(node, unit))]
     return tuple(Step(n, "rollback", True, "the group failed: previous release back", u)
                  for n, u in back)
 

@@ -158,8 +158,8 @@ def render(c: Context, name: str, out: str = "rendered", set_: list[str] | None 
 
 @task(help={"name": NAME_HELP})
 def rollback(c: Context, name: str) -> None:
-    """Put every release of the group back (native: workers first, the head last; ray:
-    the Ray head, the Ray workers, then vLLM) and verify the group."""
+    """Put every release of the group back in the start order (native: the head first,
+    then the workers; ray: the Ray head, the Ray workers, then vLLM) and verify it."""
     with user_errors():
         g = _resolve(c, name, None)
         log = _group_log(g)
