@@ -2,10 +2,12 @@
 lab1 (head, API server) and lab2 (headless worker) with vLLM's native multi-node on the
 real vLLM CPU build, deployed and verified as one service.
 
-Each real PP=2 start costs ~100 s+ on 2 cores, so this module has two starts: the deploy
-that serves a completion through the head, and one head start that proves both faults —
-first the worker's unit never started (stalled in distributed_init naming lab2), then
-the worker started late, joined, and killed while loading (crashed naming lab2). The
+Each real PP=2 start costs ~100 s+ on 2 cores, so this module has three starts: the
+deploy that serves a completion through the head; the rollback's, after a release that
+breaks the worker's start crashed the group within seconds (every node back on the
+first release, verified ready); and one head start that proves both faults — first the
+worker's unit never started (stalled in distributed_init naming lab2), then the worker
+started late, joined, and killed while loading (crashed naming lab2). The
 group uses its own unit (vllm-mn) and ports, so the single-host tests' vllm.service on
 the same hosts is never touched.
 
@@ -24,7 +26,9 @@ it): systemd gets no empty-cgroup event there and ends "failed (Result: timeout)
 from __future__ import annotations
 
 import io
+import os
 import shlex
+import subprocess
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -38,6 +42,7 @@ from vigil.deploy.apply import Options
 from vigil.deploy.group import deploy_group
 from vigil.desired import inventory
 from vigil.desired.groups import NodeGroup, resolve_group
+from vigil.exitcodes import ExitCode
 from vigil.report import Log
 from vigil.verify.group import RAY_NODES, GroupState, ray_alive_nodes, verify_group
 from vigil.verify.watch import Settings
@@ -148,6 +153,69 @@ def test_group_serves_a_completion_through_the_head(group: NodeGroup, tmp_path: 
     # while starting, the group showed which nodes had joined
     assert any(s.phase in ("bootstrap", "engine_init", "distributed_init", "loading_weights")
                for s in seen)
+
+
+# Release B: a change on every node (an env variable the group's vars add) and, on the
+# worker only, VLLM_LOGGING_LEVEL=VERBOSE, a level Python's logging does not know:
+# vLLM's CLI raises at start there (`ValueError: Unknown level: 'VERBOSE'`, ~13 s into
+# the start on 2 cores) while the head waits for it in distributed_init.
+BROKEN_HOSTS_YML = HOSTS_YML.replace(
+    "port: 8192}", "port: 8192, env: {VLLM_LOGGING_LEVEL: VERBOSE}}").replace(
+    "      restart_sec: 5\n", "      restart_sec: 5\n      env: {VIGIL_LAB_RELEASE: b}\n")
+
+
+def _release(node: str, group: NodeGroup) -> str:
+    """A node's release as its files say: the unit and the env file."""
+    n = next(n for n in group.nodes if n.name == node)
+    paths = n.target.rendered.paths
+    return sh(int(node.removeprefix("lab")), f"cat {paths.unit} {paths.env}")
+
+
+def test_a_failure_on_one_node_rolls_every_node_back(group: NodeGroup, tmp_path: Path,
+                                                     ) -> None:
+    """From release A on both nodes (the first test's deploy), the front door
+    `group.deploy --rollback-failed` deploys release B, which changes both nodes and
+    breaks the worker's start: the group crashes naming lab2, and every node this deploy
+    replaced goes back, the head first, then the worker. Then both nodes hold release A's
+    unit and env file again and the group verifies ready on them."""
+    out = io.StringIO()
+    a = deploy_group(group, Options(wait=False, state_dir=tmp_path), Log(out))
+    assert a.status in ("ok", "changed"), out.getvalue()  # ok after the first test
+    release_a = {n: _release(n, group) for n in group.names}
+    inv = tmp_path / "inventory"
+    (inv / "node_groups").mkdir(parents=True)
+    for part in ("models", "stacks"):
+        (inv / part).symlink_to(REPO / "inventory" / part)
+    (inv / "hosts.yml").write_text(BROKEN_HOSTS_YML)
+    (inv / "node_groups" / "tiny-pp2.yml").write_text(GROUP_YML)
+    proc = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "invoke"), "group.deploy", "--name", "tiny-pp2",
+         "--rollback-failed"], cwd=REPO, capture_output=True, text=True, timeout=900,
+        env={**os.environ, "INVOKE_VIGIL_INVENTORY": str(inv),
+             "INVOKE_VIGIL_STATE_DIR": str(tmp_path / "state")})
+    lines = proc.stdout + proc.stderr
+    print(lines)
+    assert proc.returncode == ExitCode.CRASHED, lines
+    assert "apply lab2 (restart): changed" in lines and "apply lab1 (restart): changed" in lines
+    assert "CRASHED on lab2" in lines
+    assert "proof: lab2: ValueError: Unknown level: 'VERBOSE'" in lines
+    assert "the group did not come up: rolling back lab1, lab2" in lines, lines
+    # every node holds release A again, not only the one that failed
+    assert {n: _release(n, group) for n in group.names} == release_a
+    assert "VLLM_LOGGING_LEVEL='INFO'" in release_a["lab2"]
+    # ... and the rollback restarted the head first, then the worker (the lab hosts share
+    # the machine's kernel: monotonic stamps compare across hosts). Worker first, the
+    # restored worker once joined the old head during its ~30 s stop and hung in kv_cache
+    # while the restored head waited for it: stalled in distributed_init.
+    head = _since_boot_us(HEAD, UNIT, "ExecMainStartTimestampMonotonic")
+    worker = _since_boot_us(WORKER, UNIT, "ExecMainStartTimestampMonotonic")
+    assert 0 < head < worker, (head, worker)
+    final = verify_group(group, Settings(poll_s=3, stall_s=240), deadline_s=600).history[-1]
+    assert final.verdict == "ready", final
+    assert final.joined == ("lab1", "lab2")
+    # the release B each node kept is the one a second rollback would bring back
+    backup = next(n for n in group.nodes if n.name == "lab2").target.rendered.paths.backup_dir
+    assert "VIGIL_LAB_RELEASE='b'" in sh(WORKER, f"cat {backup}/env")
 
 
 def test_a_missing_worker_stalls_then_a_killed_worker_crashes_naming_it(
