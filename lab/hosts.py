@@ -390,7 +390,7 @@ def run(i: int, command: str, user: str = "root", timeout: float = 60.0) -> tupl
     session is tried twice: on a loaded 2-core machine the host's sshd once took over 60 s
     to open one (paramiko's "Timeout opening channel"); nothing has run by then."""
     for attempt in (1, 2):
-        client = connect(i, user)
+        client = connect(i, user, timeout=min(timeout, 20.0))
         try:
             try:
                 _, out, err = client.exec_command(command, timeout=timeout)
@@ -639,7 +639,8 @@ def status() -> list[HostStatus]:
         ssh_ok = False
         if pid is not None:
             try:
-                ssh_ok = run(i, "true", timeout=5)[0] == 0
+                # a host just booted answers slowly while its units still start
+                ssh_ok = run(i, "true", timeout=20)[0] == 0
             except (OSError, paramiko.SSHException):
                 ssh_ok = False
         result.append(
