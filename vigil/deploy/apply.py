@@ -119,8 +119,8 @@ def apply_plan(transport: Transport, t: Target, plan: Plan, say: Callable[[str],
             done.append(res["kind"])
         if not res["ok"]:
             detail = res.get("error") or "failed"
-            done = [r["kind"] for r in reply["results"][:i]]
-            detail += f"\n  done before it: {', '.join(done) or 'nothing'}"
+            before = [r["kind"] for r in reply["results"][:i]]
+            detail += f"\n  done before it: {', '.join(before) or 'nothing'}"
             if res.get("tail"):
                 detail += "\n" + res["tail"]
             if res.get("permission"):
