@@ -646,9 +646,10 @@ def test_a11_controller_turns_an_agent_error_into_a_host_error() -> None:
 
 
 def test_a11_agent_run_as_a_process_answers_json_to_garbage(tmp_path: Path) -> None:
-    from vigil.transport.remote import agent_source
+    from vigil.transport.remote import agent_command, agent_stdin
 
-    proc = subprocess.run(["python3", "-c", agent_source(), "apply"], input="{garbage",
+    proc = subprocess.run(["bash", "-c", agent_command("apply")],
+                          input=agent_stdin("{garbage"),
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr
     assert "agent_error" in proc.stdout

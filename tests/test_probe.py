@@ -21,6 +21,7 @@ from typing import ClassVar
 
 import pytest
 
+from vigil.transport import remote
 from vigil.verify.snapshot import Snapshot
 
 AGENT = Path(__file__).parent.parent / "vigil" / "host" / "agent.py"
@@ -28,12 +29,14 @@ AGENT = Path(__file__).parent.parent / "vigil" / "host" / "agent.py"
 
 def run_probe(path: str | None = None, env: dict[str, str] | None = None,
               **request: object) -> Snapshot:
-    """The agent's probe verb as SSH runs it: source on the command line, request on stdin."""
+    """The agent's probe verb as SSH runs it: the bootstrap on the command line, the agent
+    and then the request on stdin."""
     e = dict(os.environ)
     e["PATH"] = path if path is not None else "/nonexistent"
     e.update(env or {})
-    out = subprocess.run([sys.executable, "-c", AGENT.read_text(), "probe"],
-                         input=json.dumps(request).encode(), capture_output=True, timeout=30,
+    out = subprocess.run([sys.executable, "-c", remote.BOOTSTRAP, "probe"],
+                         input=remote.agent_stdin(json.dumps(request)).encode(),
+                         capture_output=True, timeout=30,
                          env=e, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stderr == b""  # never a traceback

@@ -18,6 +18,7 @@ from invoke.context import Context
 from vigil.errors import ConfigError
 from vigil.host import agent
 from vigil.tasks.common import watch_settings
+from vigil.transport import remote
 from vigil.verify import reducer, replay, stream
 from vigil.verify.budgets import Budgets
 from vigil.verify.snapshot import Journal, LogLine, Snapshot, Unit
@@ -216,7 +217,7 @@ def test_a_dropped_channel_resumes_from_the_last_cursor_without_repeats() -> Non
     for _ in range(4):
         texts += [x.text for x in p(cur(0)).journal.lines]
     assert texts == [f"line {i}" for i in range(1, 6)]
-    req1, req2 = (json.loads(ch.sent) for ch in host.opened)
+    req1, req2 = (json.loads(remote.verb_input(ch.sent)) for ch in host.opened)
     assert req1["cursor"] == cur(0) and req2["cursor"] == cur(3)
     assert req1["api_key"] == "k"  # on stdin, never on the command line
     assert first.released and polls == [] and notes == [] and p.fallback is None

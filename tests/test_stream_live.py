@@ -14,7 +14,7 @@ import time
 import pytest
 
 from lab import hosts as lab
-from vigil.transport.remote import agent_command
+from vigil.transport.remote import agent_command, agent_stdin
 
 pytestmark = pytest.mark.lab
 
@@ -31,8 +31,8 @@ def test_a_dropped_connection_ends_the_stream_on_the_host(lab_hosts: object) -> 
     try:
         channel = client.get_transport().open_session()  # type: ignore[union-attr]
         channel.exec_command(agent_command("stream"))
-        channel.sendall((json.dumps({"unit": "ssh.service", "interval_s": 0.5}) + "\n")
-                        .encode())
+        channel.sendall(agent_stdin(json.dumps({"unit": "ssh.service", "interval_s": 0.5})
+                                    + "\n").encode())
         f = channel.makefile("rb")
         hello = json.loads(f.readline())
         assert hello["k"] == "hello"

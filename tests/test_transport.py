@@ -14,7 +14,7 @@ from lab import hosts as lab
 from vigil.desired.config import HostVars
 from vigil.errors import LockTimeoutError, UnreachableError
 from vigil.transport.remote import call
-from vigil.transport.ssh import LocalTransport, connect, host_lock
+from vigil.transport.ssh import LocalTransport, connect, host_lock, privileged
 
 HOST = "lab2"
 INDEX = 2
@@ -153,3 +153,40 @@ def test_local_transport_runs_the_agent_on_this_machine(tmp_path: Path) -> None:
     assert (reply["model"]["exists"], reply["model"]["config"]) == (True, None)
     assert json.loads(json.dumps(reply))["service_user_exists"] is True
     assert t.round_trips == 1
+
+
+def test_the_agent_command_line_stays_constant_however_large_the_agent_grows(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The agent travels on stdin behind a fixed bootstrap: an agent padded past Linux's
+    128 KiB cap on one argument (MAX_ARG_STRLEN) leaves the command line as it was, and
+    still answers through bash as SSH would run it."""
+    from vigil.transport import remote
+
+    before = {(v, p): remote.agent_command(v, p) for v in ("facts", "stream")
+              for p in (None, "/opt/vigil/envs/current/bin/python")}
+    padded = remote.agent_source() + "#" * 200_000 + "\n"
+    monkeypatch.setattr(remote, "agent_source", lambda: padded)
+    for (verb, python), command in before.items():
+        assert remote.agent_command(verb, python) == command
+        assert len(command) < 600, command
+        sudo = privileged(command, HostVars(ssh_user="deploy", sudo=True))
+        assert len(sudo) < 800 and "#" * 100 not in sudo
+    assert padded.isascii()  # the length header counts characters as bytes
+    hv = HostVars(connection="local")
+    reply = call(LocalTransport("here"), hv, "facts", {
+        "unit": "vigil-test-none", "port": 1, "service_user": "root", "model": str(tmp_path),
+        "paths": {"unit": str(tmp_path / "u.service"), "env": str(tmp_path / "u.env"),
+                  "env_dir": str(tmp_path / "envs" / "x"), "current": str(tmp_path / "cur"),
+                  "backup_dir": str(tmp_path / "b")},
+    })
+    assert reply["files"] == {"unit": None, "env": None}
+
+
+def test_an_agent_cut_short_on_stdin_is_one_clear_error() -> None:
+    from vigil.transport import remote
+
+    proc = subprocess.run(["bash", "-c", remote.agent_command("facts")],
+                          input=remote.agent_stdin("{}")[:5000], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 1 and proc.stderr.strip() == \
+        "vigil: the agent was cut short on stdin", proc.stderr

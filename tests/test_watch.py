@@ -39,8 +39,8 @@ def lab_trace(name: str) -> list[Snapshot]:
 
 
 def agent_verb(command: str) -> str | None:
-    """The agent verb a command runs (the word after the agent's source), else None."""
-    if shlex.quote(remote.agent_source()) not in command:
+    """The agent verb a command runs (the word after the agent's bootstrap), else None."""
+    if shlex.quote(remote.BOOTSTRAP) not in command:
         return None
     return command.rsplit(" ", 1)[-1]
 
@@ -75,7 +75,7 @@ class RecordedHost:
             assert recorded is not None, "smoke sent where the real run sent none"
             return Result(json.dumps(recorded.model_dump()) + "\n", "", 0)
         if verb == "history":
-            append = json.loads(stdin)["append"]
+            append = json.loads(remote.verb_input(stdin))["append"]
             if append is not None:
                 self.history += json.dumps(append) + "\n"
             return Result(json.dumps({"cores": self.cores, "text": self.history}), "", 0)
@@ -171,7 +171,8 @@ def test_loop_replays_a_real_ready_start_one_round_trip_per_poll() -> None:
     assert len(smokes) == 1
     assert host.round_trips == state.polls + 1
     # Each probe after the first carries the cursor the previous snapshot returned.
-    probes = [json.loads(s) for c, s in host.commands if agent_verb(c) == "probe"]
+    probes = [json.loads(remote.verb_input(s)) for c, s in host.commands
+              if agent_verb(c) == "probe"]
     assert probes[0]["cursor"] is None
     last = None
     for prev, req in zip(snaps, probes[1:], strict=False):

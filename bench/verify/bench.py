@@ -149,7 +149,8 @@ def probe_cost(host: str, runs: int = 20) -> dict[str, Any]:
                    + remote.agent_command("probe", target.python)
                    + " ) ; } 2>/tmp/vigil-probe-time; cat /tmp/vigil-probe-time >&2")
             t0 = time.monotonic()
-            res = transport.run(cmd, stdin=json.dumps(watch.probe_request(target, cursor)),
+            res = transport.run(cmd, stdin=remote.agent_stdin(
+                json.dumps(watch.probe_request(target, cursor))),
                                 timeout=60)
             rts.append(time.monotonic() - t0)
             snap = Snapshot.from_json(res.stdout)

@@ -1332,7 +1332,7 @@ def _message(value: Any) -> Optional[str]:
 
 def _other_start(rec: Json, invocation: Optional[str], since_us: int) -> bool:
     """A line of an earlier run of the unit. `--since` has whole seconds, and a restart
-    puts the old run's shutdown lines (EngineDeadError, …) in the same second as the new
+    puts the old run's shutdown lines (EngineDeadError, ...) in the same second as the new
     start: match journald's invocation id, else the exact start time."""
     inv = rec.get("_SYSTEMD_INVOCATION_ID") or rec.get("INVOCATION_ID")
     if invocation and inv:

@@ -1,4 +1,5 @@
 """Call the host agent: one verb, one JSON request on stdin, one JSON reply: one round trip.
+The agent itself travels on stdin too, ahead of the request (``BOOTSTRAP``).
 
 Every host-side step (facts, apply, rollback, status, packages, probe, smoke, history,
 logs) is a verb of the one stdlib agent (vigil/host/agent.py), called the same way.
@@ -23,13 +24,47 @@ def agent_source() -> str:
     return (Path(__file__).resolve().parents[1] / "host" / "agent.py").read_text()
 
 
+# The agent travels on stdin ahead of the request, as Ansible's pipelining sends a module:
+# the command line is this constant bootstrap whatever the agent's size (Linux caps one
+# argument at 128 KiB). It reads "<length>\n" and that many bytes of agent with os.read,
+# so nothing past the agent is buffered away from the verb (the stream's channel included).
+BOOTSTRAP = (
+    "import os,sys\n"
+    "h=b''\n"
+    "while h[-1:]!=b'\\n':\n"
+    " c=os.read(0,1)\n"
+    " if not c:sys.exit('vigil: no agent on stdin')\n"
+    " h+=c\n"
+    "n=int(h);b=b''\n"
+    "while len(b)<n:\n"
+    " c=os.read(0,n-len(b))\n"
+    " if not c:sys.exit('vigil: the agent was cut short on stdin')\n"
+    " b+=c\n"
+    "exec(compile(b,'vigil-agent','exec'),{'__name__':'__main__'})\n"
+)
+
+
 def agent_command(verb: str, python: str | None = None) -> str:
     """The shell command running one verb: with `python` (the service environment's, where
-    nvidia-ml-py lives) when it exists there, else the host's python3."""
-    run = f"-c {shlex.quote(agent_source())} {shlex.quote(verb)}"
+    nvidia-ml-py lives) when it exists there, else the host's python3. Its stdin must
+    start with ``agent_stdin``."""
+    run = f"-c {shlex.quote(BOOTSTRAP)} {shlex.quote(verb)}"
     if python is None:
         return f"python3 {run}"
     return f'P={shlex.quote(python)}; [ -x "$P" ] || P=python3; "$P" {run}'
+
+
+def agent_stdin(text: str) -> str:
+    """The agent, then the verb's own input. The agent is ASCII (a test keeps it so): its
+    length in characters is its length in bytes under any locale."""
+    source = agent_source()
+    return f"{len(source)}\n{source}{text}"
+
+
+def verb_input(stdin: str) -> str:
+    """What the verb itself reads of ``agent_stdin(text)``: text (for test doubles)."""
+    length, _, rest = stdin.partition("\n")
+    return rest[int(length):]
 
 
 def reply(name: str, verb: str, result: Result) -> dict[str, Any]:
@@ -68,8 +103,8 @@ def call_with(
     python: str | None = None,
 ) -> dict[str, Any]:
     """`call` for a caller that holds a privilege wrapper instead of the host's variables."""
-    result = transport.run(as_root(agent_command(verb, python)), stdin=json.dumps(request),
-                           timeout=timeout)
+    result = transport.run(as_root(agent_command(verb, python)),
+                           stdin=agent_stdin(json.dumps(request)), timeout=timeout)
     return reply(transport.name, verb, result)
 
 

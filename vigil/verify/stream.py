@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vigil.errors import VigilError
-from vigil.transport.remote import agent_command
+from vigil.transport.remote import agent_command, agent_stdin
 from vigil.transport.ssh import Held, Transport
 from vigil.verify.snapshot import Snapshot
 
@@ -176,7 +176,7 @@ class StreamProbe:
         req = dict(self.request, cursor=cursor, interval_s=self.interval_s)
         try:
             held = self.transport.hold(self.as_root(agent_command("stream", self.python)))
-            held.send(json.dumps(req) + "\n")
+            held.send(agent_stdin(json.dumps(req) + "\n"))
         except VigilError as exc:
             return f"the stream could not open: {exc.message}"
         first: Event | None = None
