@@ -16,6 +16,7 @@ from vigil.desired.targets import resolve
 from vigil.errors import ConfigError, RefusedError, TemplateError
 
 REPO = Path(__file__).resolve().parent.parent
+USER_ROLES = REPO / "roles"  # this checkout's own roles (health-log); the built-ins ship
 ENV = {"HF_TOKEN": "x"}
 WITH_ROLE = "roles=[preflight,runtime,service,verify,health-log]"
 
@@ -30,7 +31,7 @@ def inv_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def roles_dir(tmp_path: Path) -> Path:
     target = tmp_path / "roles"
-    shutil.copytree(ROLES_DIR, target)
+    shutil.copytree(USER_ROLES, target)
     return target
 
 
@@ -47,14 +48,14 @@ def test_every_builtin_role_has_defaults_and_the_service_role_owns_the_templates
 
 
 def test_precedence_role_defaults_all_group_host_set(inv_dir: Path) -> None:
-    inv = inventory.load(inv_dir)
+    inv = inventory.load(inv_dir, USER_ROLES)
     res = inv.resolve("llm-one")
     assert res.vars.restart_sec == 30 and res.origin["restart_sec"] == "roles/service/defaults.yml"
     (inv_dir / "group_vars" / "all.yml").write_text("restart_sec: 40\nkeep_envs: 1\n")
     (inv_dir / "group_vars" / "blackwell8.yml").write_text(
         (inv_dir / "group_vars" / "blackwell8.yml").read_text() + "restart_sec: 50\n")
     (inv_dir / "host_vars" / "llm-one.yml").write_text("restart_sec: 60\n")
-    inv = inventory.load(inv_dir)
+    inv = inventory.load(inv_dir, USER_ROLES)
     one, two = inv.resolve("llm-one"), inv.resolve("llm-two")
     assert (two.vars.restart_sec, two.origin["restart_sec"]) == (50, "group blackwell8")
     assert (one.vars.restart_sec, one.origin["restart_sec"]) == (60, "host_vars/llm-one.yml")
@@ -64,7 +65,7 @@ def test_precedence_role_defaults_all_group_host_set(inv_dir: Path) -> None:
 
 
 def test_unit_settings_come_from_the_host_variables(inv_dir: Path) -> None:
-    inv = inventory.load(inv_dir)
+    inv = inventory.load(inv_dir, USER_ROLES)
     sets = ["restart_sec=7", "start_limit_burst=9", "start_limit_interval_s=99",
             "timeout_stop_s=611", "limit_nofile=65536"]
     (t,) = resolve(inv, "llm-one", model="glm-5", sets=sets, operator_env=ENV)
@@ -77,7 +78,7 @@ def test_unit_settings_come_from_the_host_variables(inv_dir: Path) -> None:
 def test_runtime_role_settings_reach_the_plan(inv_dir: Path) -> None:
     from tests.test_plan import facts_for
 
-    inv = inventory.load(inv_dir)
+    inv = inventory.load(inv_dir, USER_ROLES)
     (t,) = resolve(inv, "llm-one", model="glm-5", operator_env=ENV,
                    sets=["installer=pip", "min_free_gib=1"])
     facts = facts_for(t, packages=None, disk_free_bytes=2 * 2**30)
@@ -90,7 +91,7 @@ def test_runtime_role_settings_reach_the_plan(inv_dir: Path) -> None:
 
 
 def test_render_shows_where_each_value_came_from(inv_dir: Path, tmp_path: Path) -> None:
-    inv = inventory.load(inv_dir)
+    inv = inventory.load(inv_dir, USER_ROLES)
     (t,) = resolve(inv, "llm-one", model="glm-5", sets=["port=9000", WITH_ROLE],
                    operator_env=ENV, require_secrets=False)
     lines = review.variables(t)
@@ -105,7 +106,7 @@ def test_render_shows_where_each_value_came_from(inv_dir: Path, tmp_path: Path) 
 
 
 def test_user_role_renders_with_host_and_role_variables(inv_dir: Path) -> None:
-    inv = inventory.load(inv_dir)
+    inv = inventory.load(inv_dir, USER_ROLES)
     (t,) = resolve(inv, "llm-one", model="glm-5", operator_env=ENV,
                    sets=[WITH_ROLE, "health_log_interval=30s", "port=8123"])
     (role,) = t.roles
@@ -118,13 +119,13 @@ def test_user_role_renders_with_host_and_role_variables(inv_dir: Path) -> None:
 
 
 def test_a_host_without_the_role_gets_no_role_files(inv_dir: Path) -> None:
-    inv = inventory.load(inv_dir)
+    inv = inventory.load(inv_dir, USER_ROLES)
     (t,) = resolve(inv, "llm-one", model="glm-5", operator_env=ENV)
     assert t.roles == () and t.takes("service") and not t.takes("health-log")
 
 
 def test_plan_of_a_user_role_converges_and_is_then_empty(inv_dir: Path) -> None:
-    inv = inventory.load(inv_dir)
+    inv = inventory.load(inv_dir, USER_ROLES)
     (t,) = resolve(inv, "llm-one", model="glm-5", operator_env=ENV, sets=[WITH_ROLE])
     fresh = plan_roles(t.roles, parse_role_facts({}))
     kinds = [(a.kind, a.payload.get("path") or a.payload.get("args") or a.payload.get("unit"))
@@ -165,7 +166,7 @@ def test_plan_of_a_user_role_converges_and_is_then_empty(inv_dir: Path) -> None:
     ("health_log_timeout_s=soon", "expected int like the role's default 3"),
 ])
 def test_bad_role_selection_is_one_clear_error(inv_dir: Path, bad: str, expect: str) -> None:
-    inv = inventory.load(inv_dir)
+    inv = inventory.load(inv_dir, USER_ROLES)
     sets = [bad] if bad.startswith("roles") else [WITH_ROLE, bad]
     with pytest.raises(ConfigError) as err:
         resolve(inv, "llm-one", model="glm-5", operator_env=ENV, sets=sets)
@@ -201,6 +202,7 @@ def test_user_role_may_not_redefine_a_host_variable(roles_dir: Path, inv_dir: Pa
 
 
 def test_builtin_role_defaults_are_host_variables(roles_dir: Path, inv_dir: Path) -> None:
+    (roles_dir / "service").mkdir()  # the ops repo's amendment of the built-in role
     (roles_dir / "service" / "defaults.yml").write_text("restart_secs: 5\n")
     with pytest.raises(ConfigError, match="unknown key 'restart_secs'"):
         inventory.load(inv_dir, roles_dir)
@@ -218,20 +220,20 @@ def test_undefined_template_variable_names_the_template(roles_dir: Path,
 
 def test_role_variable_in_group_vars_is_accepted_and_typo_is_not(inv_dir: Path) -> None:
     (inv_dir / "group_vars" / "all.yml").write_text("health_log_interval: 5min\n")
-    inv = inventory.load(inv_dir)
+    inv = inventory.load(inv_dir, USER_ROLES)
     (t,) = resolve(inv, "llm-one", model="glm-5", operator_env=ENV, sets=[WITH_ROLE])
     assert t.role_vars["health_log_interval"] == "5min"
     assert t.origin["health_log_interval"] == "group_vars/all"
     (inv_dir / "group_vars" / "all.yml").write_text("health_log_intervl: 5min\n")
     with pytest.raises(ConfigError, match="did you mean 'health_log_interval'"):
-        inventory.load(inv_dir)
+        inventory.load(inv_dir, USER_ROLES)
 
 
 def test_verify_role_overrides_phase_defaults_by_name(inv_dir: Path) -> None:
     from vigil.verify.budgets import BudgetKey, phase_defaults, plan_budgets
     from vigil.verify.catalog import PHASE
 
-    inv = inventory.load(inv_dir)
+    inv = inventory.load(inv_dir, USER_ROLES)
     hv = inv.host_vars("llm-one", {"phase_budget_s": {"kv_cache": 999},
                                    "stall_window_s": {"compiling": 1500}, "poll_s": 2})
     # dicts merge key by key: the role's other phases stay
@@ -300,7 +302,7 @@ def test_agent_writes_a_role_file_with_mode_and_owner_and_reads_it_back(
 
 def test_render_of_a_host_with_only_user_roles_writes_only_their_files(
         inv_dir: Path, tmp_path: Path) -> None:
-    inv = inventory.load(inv_dir)
+    inv = inventory.load(inv_dir, USER_ROLES)
     (t,) = resolve(inv, "llm-one", model="glm-5", sets=["roles=[health-log]"],
                    operator_env=ENV, require_secrets=False)
     written = review.write_files(t, tmp_path / "out")
@@ -363,3 +365,29 @@ def test_a_rollback_puts_role_files_back_and_removes_new_ones(tmp_path: Path) ->
     (tmp_path / "backup" / "file-0").unlink()
     old.write_text("a=3\n")
     assert [k["path"] for k in agent.kept_role_files(paths["backup_dir"])] == [str(new)]
+
+
+def test_an_ops_repo_role_folder_overrides_a_builtin_template_by_name(
+        inv_dir: Path, roles_dir: Path, tmp_path: Path) -> None:
+    """User roles come first, then the built-in ones: a roles/service/templates/ of the
+    ops repo with one template replaces that file only (the other comes from vigil), its
+    defaults.yml amends the service role's, and render names the file each came from."""
+    from vigil.desired.render import TEMPLATES
+
+    mine = roles_dir / "service" / "templates"
+    mine.mkdir(parents=True)  # roles_dir: this checkout's roles/, which has no service/
+    (mine / "vllm.service.j2").write_text(
+        (TEMPLATES / "vllm.service.j2").read_text().replace(
+            "[Service]\n", "[Service]\n# site policy: pinned to NUMA node 0\n"))
+    (roles_dir / "service" / "defaults.yml").write_text("restart_sec: 12\n")
+    inv = inventory.load(inv_dir, roles_dir)
+    (t,) = resolve(inv, "llm-one", model="glm-5", operator_env=ENV,
+                   template_dir=[mine, TEMPLATES])
+    assert "# site policy: pinned to NUMA node 0\n" in t.rendered.unit_text
+    assert "RestartSec=12\n" in t.rendered.unit_text
+    assert inv.roles["service"].defaults["timeout_stop_s"] == \
+        load_all(ROLES_DIR)["service"].defaults["timeout_stop_s"]  # the rest: built-in
+    assert t.rendered.templates == {"vllm.service.j2": str(mine / "vllm.service.j2"),
+                                    "vllm.env.j2": str(TEMPLATES / "vllm.env.j2")}
+    written = review.write_files(t, tmp_path / "out")
+    assert any(w.endswith(f"(from {mine / 'vllm.service.j2'})") for w in written), written

@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -37,6 +36,7 @@ from vigil.desired.inventory import Inventory, parse_model, read_yaml
 from vigil.desired.render import (
     BANNER,
     TEMPLATES,
+    TemplateDirs,
     _environment,
     _render,
     paths_for,
@@ -332,7 +332,7 @@ def ray_argv(group: NodeGroupSpec, master_addr: str, t: Target, rank: int) -> li
 
 
 def render_ray(group: NodeGroupSpec, master_addr: str, t: Target, rank: int,
-               note: str, template_dir: Path) -> RayUnit:
+               note: str, template_dir: TemplateDirs) -> RayUnit:
     argv = ray_argv(group, master_addr, t, rank)
     unit = f"{t.vars.service}-ray"
     # no preflight (no GPU of its own to judge) and no verify (the group's verify judges it)
@@ -362,7 +362,7 @@ def resolve_group(
     *,
     sets: list[str] | tuple[str, ...] = (),
     operator_env: Mapping[str, str] | None = None,
-    template_dir: Path = TEMPLATES,
+    template_dir: TemplateDirs = TEMPLATES,
     require_secrets: bool = True,
 ) -> NodeGroup:
     """Read, check and render a node group; no host is contacted."""

@@ -191,7 +191,8 @@ class Inventory:
 
 
 def load(root: str | os.PathLike[str],
-         roles_dir: str | os.PathLike[str] = roles_mod.ROLES_DIR) -> Inventory:
+         roles_dir: str | os.PathLike[str] | roles_mod.RolesDirs = roles_mod.ROLES_DIR,
+         ) -> Inventory:
     """Read and validate an inventory directory and the roles (no host is contacted)."""
     base = Path(root)
     hosts_file = base / "hosts.yml"
@@ -249,7 +250,9 @@ def load(root: str | os.PathLike[str],
             )
         host_files[path.stem] = _as_vars(read_yaml(path), path)
     inv = Inventory(base, hosts, groups, file_group_vars, host_files,
-                    roles_mod.load_all(Path(roles_dir)))
+                    roles_mod.load_all(
+                        Path(roles_dir) if isinstance(roles_dir, str | os.PathLike)
+                        else roles_dir))
     # Validate every file's keys now so a typo anywhere fails before any host is touched.
     extra = inv.role_keys()
     for gname, gvars in file_group_vars.items():

@@ -22,7 +22,9 @@ def write_files(t: Target, out: Path) -> list[str]:
         env = out / Path(t.rendered.paths.env).name
         _write(out, unit, t.rendered.unit_text, 0o644)
         _write(out, env, t.rendered.env_masked, 0o600)
-        written += [str(unit), f"{env}  (secrets masked)"]
+        used = t.rendered.templates
+        written += [f"{unit}  (from {used.get('vllm.service.j2', '?')})",
+                    f"{env}  (secrets masked; from {used.get('vllm.env.j2', '?')})"]
     for role in t.roles:
         for f in role.files:
             path = out / role.name / f.dest.lstrip("/")

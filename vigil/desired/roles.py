@@ -19,7 +19,7 @@ Precedence, lowest first: role defaults < group_vars/all < group < host < ``--se
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -29,10 +29,11 @@ from pydantic import Field, field_validator
 
 from vigil.desired.config import HostVars, Strict
 from vigil.desired.render import BANNER
+from vigil.desired.sandbox import Sandbox, render_template
 from vigil.desired.yamlfile import parse_model, read_yaml
-from vigil.errors import ConfigError, TemplateError
+from vigil.errors import ConfigError
 
-ROLES_DIR = Path(__file__).resolve().parents[2] / "roles"
+ROLES_DIR = Path(__file__).resolve().parents[1] / "roles"  # the built-in roles, shipped
 BUILTIN: tuple[str, ...] = ("preflight", "runtime", "service", "verify")
 # A role name is a folder name: lower-case words and dashes, never a path.
 ROLE_NAME = re.compile(r"^[a-z][a-z0-9]*(?:-[a-z0-9]+)*$")
@@ -143,13 +144,29 @@ def names(roles_dir: Path) -> list[str]:
     return sorted(p.name for p in roles_dir.iterdir() if p.is_dir() and ROLE_NAME.match(p.name))
 
 
-def load_all(roles_dir: Path) -> dict[str, Role]:
-    """Every role under roles_dir; the built-in ones must be there."""
-    roles = {n: load_role(roles_dir, n) for n in names(roles_dir)}
+RolesDirs = Path | Sequence[Path]
+
+
+def search_path(roles_dir: RolesDirs) -> list[Path]:
+    """The folders roles come from, first wins; the built-in roles always come last."""
+    dirs = [roles_dir] if isinstance(roles_dir, Path) else list(roles_dir)
+    return list(dict.fromkeys([*(Path(d) for d in dirs), ROLES_DIR]))
+
+
+def load_all(roles_dir: RolesDirs) -> dict[str, Role]:
+    """Every role on the search path (an ops repo's roles/, then the built-in ones): a
+    role of an earlier folder replaces one of the same name. A replaced built-in role
+    keeps its engine: it is loaded from the ops repo's folder only for the templates
+    that folder has; see ``overlay``."""
+    roles: dict[str, Role] = {}
+    for folder in reversed(search_path(roles_dir)):
+        for n in names(folder):
+            role = load_role(folder, n)
+            roles[n] = overlay(roles[n], role) if n in roles and n in BUILTIN else role
     missing = [n for n in BUILTIN if n not in roles]
     if missing:
-        raise ConfigError(f"built-in role {missing[0]!r} is missing", file=str(roles_dir),
-                          fix="point vigil.roles (invoke.yaml) at vigil's roles/ folder")
+        raise ConfigError(f"built-in role {missing[0]!r} is missing", file=str(ROLES_DIR),
+                          fix="reinstall vigil: its package ships the built-in roles")
     owner: dict[str, str] = {}
     for role in roles.values():
         if role.builtin:
@@ -160,6 +177,12 @@ def load_all(roles_dir: Path) -> dict[str, Role]:
                                   f"{role.name}", file=str(role.defaults_file), key=key)
             owner[key] = role.name
     return roles
+
+
+def overlay(builtin: Role, user: Role) -> Role:
+    """A built-in role as an ops repo's same-named folder amends it: its defaults.yml
+    values over the built-in ones; its templates override by name (render's search path)."""
+    return Role(builtin.name, user.dir, {**builtin.defaults, **user.defaults}, builtin.spec)
 
 
 def selected(value: object, roles: Mapping[str, Role], where: str) -> tuple[str, ...]:
@@ -230,7 +253,8 @@ class RenderedRole:
 
 def render_role(role: Role, host_name: str, values: Mapping[str, Any]) -> RenderedRole:
     """Render one user role's files with the host's values (pure but for the templates)."""
-    jenv = jinja2.Environment(
+    # a role may come from someone else's repository: its templates run sandboxed, bounded
+    jenv = Sandbox(
         loader=jinja2.FileSystemLoader(str(role.dir / "templates")),
         undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False,
     )
@@ -239,13 +263,8 @@ def render_role(role: Role, host_name: str, values: Mapping[str, Any]) -> Render
     files = []
     for f in role.spec.files:
         where = str(role.dir / "templates" / f.template)
-        try:
-            text = jenv.get_template(f.template).render(**context)
-        except jinja2.TemplateSyntaxError as exc:
-            raise TemplateError(f"line {exc.lineno}: {exc.message}", file=where) from None
-        except jinja2.UndefinedError as exc:
-            raise TemplateError(str(exc), file=where,
-                                fix="define it in the role's defaults.yml") from None
+        text = render_template(jenv, f.template, context, where,
+                               undefined_fix="define it in the role's defaults.yml")
         files.append(RenderedFile(role.name, f.dest, text, f.mode.lstrip("0") or "0",
                                   f.owner, f.restart))
     return RenderedRole(role.name, tuple(files), tuple(role.spec.enable))

@@ -7,14 +7,13 @@ from __future__ import annotations
 import os
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from vigil.desired.config import HostVars, ModelProfile, Stack
 from vigil.desired.inventory import Inventory
-from vigil.desired.render import TEMPLATES, Rendered, render
+from vigil.desired.render import TEMPLATES, Rendered, TemplateDirs, render
 from vigil.desired.roles import RenderedRole, render_role
 from vigil.errors import ConfigError, RefusedError
 
@@ -77,7 +76,7 @@ def resolve(
     stack: str | None = None,
     sets: list[str] | tuple[str, ...] = (),
     operator_env: Mapping[str, str] | None = None,
-    template_dir: Path = TEMPLATES,
+    template_dir: TemplateDirs = TEMPLATES,
     require_secrets: bool = True,
     fits: bool = True,
 ) -> list[Target]:

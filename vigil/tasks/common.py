@@ -3,22 +3,27 @@ user errors as one message and an exit code, and running work on hosts in parall
 
 from __future__ import annotations
 
+import functools
+import inspect
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from invoke.context import Context
 from invoke.exceptions import Exit
+from invoke.tasks import Task
 
 from vigil.desired import inventory
+from vigil.desired.render import TEMPLATES
 from vigil.errors import ConfigError, InternalError, VigilError
 from vigil.exitcodes import ExitCode
+from vigil.report import echo
+from vigil.tasks import project
 from vigil.verify.watch import Settings
 
-ROOT = Path(__file__).resolve().parents[2]
 HOSTS_HELP = "host names, group names or 'all', comma separated"
 SET_HELP = "KEY=VALUE override of a host variable or profile field (repeatable)"
 # One exit-code policy for every task: bad input or a refusal first, then the worst
@@ -27,12 +32,81 @@ SEVERITY = (ExitCode.BAD_INPUT, ExitCode.TIMED_OUT, ExitCode.STALLED, ExitCode.C
             ExitCode.STOPPED, ExitCode.ROLLOUT_STOPPED, ExitCode.FAILED)
 
 T = TypeVar("T")
+INVENTORY_HELP = ("inventory folder (default: the project's: vigil.yaml's inventory, else "
+                  "./inventory); relative to the project root")
+
+
+class VigilTask(Task[Any]):
+    """Invoke's task with vigil's flag manners: -h stays --help (never --hosts) and -i is
+    --inventory on every task."""
+
+    def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict[str, Any]:
+        reserved = {"h"} | ({"i"} if name != "inventory" else set())
+        opts: dict[str, Any] = super().arg_opts(name, default, set(taken_names) | reserved)
+        return opts
+
+
+Body = Callable[..., None]
+
+
+def vigil_task(*, inventory: bool = True, **kwargs: Any) -> Callable[[Body], Task[Any]]:
+    """``@task`` for vigil's tasks: adds ``-i/--inventory`` to the task's flags (unless
+    ``inventory=False``: a task that reads none); a given inventory replaces the
+    configured one for this run."""
+    def decorate(body: Body) -> Task[Any]:
+        if not inventory:
+            return VigilTask(body, **kwargs)
+        sig = inspect.signature(body)
+        param = inspect.Parameter("inventory", inspect.Parameter.KEYWORD_ONLY, default=None,
+                                  annotation="str | None")
+        params = list(sig.parameters.values())
+        at = next((i for i, p in enumerate(params) if p.kind == p.VAR_KEYWORD), len(params))
+
+        @functools.wraps(body)
+        def run(c: Context, *a: Any, inventory: str | None = None, **kw: Any) -> None:
+            if inventory is not None:
+                c.config.vigil.inventory = inventory
+            body(c, *a, **kw)
+
+        run.__signature__ = sig.replace(  # type: ignore[attr-defined]
+            parameters=[*params[:at], param, *params[at:]])
+        helps = dict(kwargs.pop("help", None) or {})
+        helps.setdefault("inventory", INVENTORY_HELP)
+        return VigilTask(run, help=helps, **kwargs)
+
+    return decorate
+
+
+def project_of(c: Context) -> project.Project:
+    """The ops repository the command runs in (its vigil.yaml), found from the working
+    directory each time: nothing is read from vigil's own installation."""
+    return project.find(Path.cwd())
 
 
 def setting(c: Context, key: str) -> Path:
-    """A path from the `vigil` config section, relative to the project root."""
-    value = Path(str(c.config.vigil[key]))
-    return value if value.is_absolute() else ROOT / value
+    """A path setting (inventory, state_dir): relative ones are the project root's."""
+    p = project_of(c)
+    return p.path(str(project.value(p, c.config.vigil, key)))
+
+
+def out_path(c: Context, value: str) -> Path:
+    """Where a report flag (--json, --junit, --html, --out) writes: relative to the root."""
+    return project_of(c).path(value)
+
+
+def roles_dirs(c: Context) -> list[Path]:
+    """The ops repo's roles folder; the built-in roles come after it (desired/roles)."""
+    return [setting(c, "roles")]
+
+
+def template_dirs(c: Context) -> list[Path]:
+    """The service templates' search path: the configured folder (or the ops repo's
+    roles/service/templates), then the built-in ones; the first holding a name wins."""
+    p = project_of(c)
+    configured = project.value(p, c.config.vigil, "templates")
+    first = p.path(str(configured)) if configured is not None else \
+        setting(c, "roles") / "service" / "templates"
+    return [first, TEMPLATES]
 
 
 def watch_settings(c: Context, poll: float | None = None,
@@ -40,21 +114,23 @@ def watch_settings(c: Context, poll: float | None = None,
     """The watcher's settings, read here once from the Invoke config (``vigil.poll_s``,
     ``vigil.history_min_samples``, ``vigil.probe``) with --poll/--stall/--probe on top:
     deploy, verify and rollback watch a start the same way."""
-    cfg = c.config.vigil
+    p = project_of(c)
+    cfg = {k: project.value(p, c.config.vigil, k) for k in ("poll_s", "history_min_samples",
+                                                            "probe")}
     try:
         # unset: each host's own poll_s (the verify role's default, or the inventory's)
         chosen = poll if poll is not None else cfg.get("poll_s")
         poll_s = None if chosen is None else float(chosen)
-        min_samples = int(cfg.get("history_min_samples", 3))
+        min_samples = int(cfg["history_min_samples"])
     except (TypeError, ValueError):
         raise ConfigError("not a number", key="vigil.poll_s/history_min_samples",
-                          fix="set numbers in invoke.yaml") from None
+                          fix="set numbers in vigil.yaml") from None
     bad_poll = poll_s is not None and poll_s <= 0
     if bad_poll or (stall is not None and stall <= 0) or min_samples < 1:
         raise ConfigError("--poll and --stall must be positive seconds and "
                           "history_min_samples at least 1", key="--poll/--stall",
                           fix="e.g. --poll 5 --stall 60")
-    mode = str(probe if probe is not None else cfg.get("probe", "stream"))
+    mode = str(probe if probe is not None else cfg["probe"])
     if mode not in ("stream", "poll"):
         raise ConfigError(f"probe must be stream or poll, not {mode!r}",
                           key="--probe/vigil.probe", fix="--probe poll (or stream)")
@@ -73,7 +149,7 @@ def exit_with(codes: Iterable[int]) -> None:
 
 
 def load_inventory(c: Context) -> inventory.Inventory:
-    return inventory.load(setting(c, "inventory"), setting(c, "roles"))
+    return inventory.load(setting(c, "inventory"), roles_dirs(c))
 
 
 @contextmanager
@@ -82,7 +158,7 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except VigilError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        echo(f"error: {exc}", file=sys.stderr)
         raise Exit(code=int(exc.exit_code)) from None
 
 

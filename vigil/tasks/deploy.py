@@ -3,10 +3,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from invoke.context import Context
-from invoke.tasks import task
 
 from vigil.deploy import apply as deploy_mod
 from vigil.deploy import service
@@ -14,20 +11,23 @@ from vigil.desired import review
 from vigil.desired import targets as targets_mod
 from vigil.desired.config import HostVars
 from vigil.exitcodes import ExitCode
-from vigil.report import Log, results_json, summary_table, write_json
+from vigil.report import Log, echo, results_json, summary_table, write_json
 from vigil.tasks.common import (
     HOSTS_HELP,
     SET_HELP,
     exit_with,
     load_inventory,
+    out_path,
     setting,
+    template_dirs,
     user_errors,
+    vigil_task,
     watch_settings,
 )
 from vigil.transport.ssh import Transport
 
 
-@task(
+@vigil_task(
     help={
         "model": "model profile (inventory/models/NAME.yml); default: the host's `model`",
         "hosts": HOSTS_HELP,
@@ -81,7 +81,7 @@ def deploy(
     with user_errors():
         targets = targets_mod.resolve(
             load_inventory(c), hosts, model=model, stack=stack, sets=set_ or [],
-            template_dir=setting(c, "templates"),
+            template_dir=template_dirs(c),
         )
         log = Log(width=max(len(t.name) for t in targets))
         opts = deploy_mod.Options(check=check, restart=restart, wait=not no_wait,
@@ -91,26 +91,26 @@ def deploy(
         if serial or max_fail or rollback_failed or junit or html:
             ro = rollout.run(targets, opts, log, serial=serial, max_fail=max_fail,
                              rollback_failed=rollback_failed)
-            print(rollout.summary(ro))
+            echo(rollout.summary(ro))
             if json:
-                write_json(json, rollout.rollout_json(ro))
+                write_json(str(out_path(c, json)), rollout.rollout_json(ro))
             if junit:
-                rollout.write_junit(junit, ro)
+                rollout.write_junit(str(out_path(c, junit)), ro)
             if html:
                 from vigil.deploy.rollout_html import write_html
 
-                write_html(html, ro)
+                write_html(str(out_path(c, html)), ro)
             exit_with([ro.exit_code])
             return
         results = deploy_mod.deploy(targets, opts, log)
-        print(summary_table(results))
+        echo(summary_table(results))
         if json:
-            write_json(json, results_json(results))
+            write_json(str(out_path(c, json)), results_json(results))
     exit_with([r.exit_code or (ExitCode.FAILED if r.status == "failed" else 0)
                for r in results])
 
 
-@task(
+@vigil_task(
     help={
         "model": "model profile; default: the host's `model`",
         "hosts": HOSTS_HELP,
@@ -132,23 +132,23 @@ def render(
     with user_errors():
         targets = targets_mod.resolve(
             load_inventory(c), hosts, model=model, stack=stack, sets=set_ or [],
-            template_dir=setting(c, "templates"), require_secrets=False,
+            template_dir=template_dirs(c), require_secrets=False,
         )
         for t in targets:
-            print("\n".join(review.write_files(t, Path(out) / t.name)))
-            print(f"\nvariables of {t.name} (lowest first: role defaults < group_vars/all < "
+            echo("\n".join(review.write_files(t, out_path(c, out) / t.name)))
+            echo(f"\nvariables of {t.name} (lowest first: role defaults < group_vars/all < "
                   "group < host < --set):")
-            print("\n".join(review.variables(t)) + "\n")
+            echo("\n".join(review.variables(t)) + "\n")
 
 
 def _report(runs: list[service.HostRun[str]], width: int | None = None) -> None:
     width = width or max(len(r.host) for r in runs)
     for r in runs:
         text = r.value if r.error is None else f"unreachable  {str(r.error).splitlines()[0]}"
-        print(f"{r.host:<{width}}  {text}")
+        echo(f"{r.host:<{width}}  {text}")
 
 
-@task(help={"hosts": HOSTS_HELP})
+@vigil_task(help={"hosts": HOSTS_HELP})
 def status(c: Context, hosts: str = "all") -> None:
     """Unit state, main PID, uptime, model, port and /health of each host."""
     with user_errors():
@@ -158,7 +158,7 @@ def status(c: Context, hosts: str = "all") -> None:
     exit_with([int(r.error.exit_code) for r in runs if r.error is not None])
 
 
-@task(help={"hosts": HOSTS_HELP, "follow": "keep printing new lines", "lines": "how many"})
+@vigil_task(help={"hosts": HOSTS_HELP, "follow": "keep printing new lines", "lines": "how many"})
 def logs(c: Context, hosts: str = "all", follow: bool = False, lines: int = 100) -> None:
     """The service's journal on each host."""
     log = Log()
@@ -175,7 +175,7 @@ def logs(c: Context, hosts: str = "all", follow: bool = False, lines: int = 100)
     exit_with([int(r.error.exit_code) for r in runs if r.error is not None])
 
 
-@task(help={"hosts": HOSTS_HELP, "no_wait": "do not wait until the service serves"})
+@vigil_task(help={"hosts": HOSTS_HELP, "no_wait": "do not wait until the service serves"})
 def rollback(c: Context, hosts: str = "all", no_wait: bool = False) -> None:
     """Put the previous unit, env file and environment back, restart, wait until serving."""
     log = Log()

@@ -5,11 +5,9 @@ library call and reports."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 from invoke.collection import Collection
 from invoke.context import Context
-from invoke.tasks import task
 
 from vigil.deploy import apply as deploy_mod
 from vigil.deploy import service
@@ -23,13 +21,16 @@ from vigil.deploy.group import (
 from vigil.desired import review
 from vigil.desired.groups import NodeGroup, resolve_group
 from vigil.exitcodes import ExitCode
-from vigil.report import Log
+from vigil.report import Log, echo
 from vigil.tasks.common import (
     SET_HELP,
     exit_with,
     load_inventory,
+    out_path,
     setting,
+    template_dirs,
     user_errors,
+    vigil_task,
     watch_settings,
 )
 from vigil.transport.ssh import connect
@@ -42,7 +43,7 @@ NAME_HELP = "node group (inventory/node_groups/NAME.yml)"
 def _resolve(c: Context, name: str, sets: list[str] | None, *, secrets: bool = True,
              ) -> NodeGroup:
     return resolve_group(load_inventory(c), name, sets=sets or [],
-                         template_dir=setting(c, "templates"), require_secrets=secrets)
+                         template_dir=template_dirs(c), require_secrets=secrets)
 
 
 def _group_log(g: NodeGroup) -> Log:
@@ -88,7 +89,7 @@ def _rollback(c: Context, g: NodeGroup, log: Log, steps: Sequence[Step]) -> None
                              state_dir=state_dir, log=log)
 
 
-@task(help={"name": NAME_HELP, "check": "show the group's plan and diffs, change nothing",
+@vigil_task(help={"name": NAME_HELP, "check": "show the group's plan and diffs, change nothing",
             "restart": "restart the group even when nothing changed", "set": SET_HELP,
             "no_wait": "do not verify the group's start",
             "stall": "override every phase's stall window, in seconds",
@@ -123,7 +124,7 @@ def deploy(c: Context, name: str, check: bool = False, restart: bool = False,
     exit_with([code])
 
 
-@task(help={"name": NAME_HELP, "set": SET_HELP + " (as deploy)",
+@vigil_task(help={"name": NAME_HELP, "set": SET_HELP + " (as deploy)",
             "stall": "override every phase's stall window, in seconds",
             "poll": "seconds between polls"}, iterable=["set_"])
 def verify(c: Context, name: str, set_: list[str] | None = None, stall: float | None = None,
@@ -135,28 +136,28 @@ def verify(c: Context, name: str, set_: list[str] | None = None, stall: float | 
     exit_with([code])
 
 
-@task(help={"name": NAME_HELP, "out": "directory: OUT/GROUP/HOST/", "set": SET_HELP},
+@vigil_task(help={"name": NAME_HELP, "out": "directory: OUT/GROUP/HOST/", "set": SET_HELP},
       iterable=["set_"])
 def render(c: Context, name: str, out: str = "rendered", set_: list[str] | None = None,
            ) -> None:
     """Write every node's files (secrets masked) to OUT/GROUP/HOST/."""
     with user_errors():
         g = _resolve(c, name, set_, secrets=False)
-        print(f"node group {name}: {g.layout.label}, head {g.head.name}, master "
+        echo(f"node group {name}: {g.layout.label}, head {g.head.name}, master "
               f"{g.master_addr}")
         for note in g.notes:
-            print(note)
+            echo(note)
         for n in g.nodes:
-            where = Path(out) / name / n.name
+            where = out_path(c, out) / name / n.name
             if n.serves:
-                print("\n".join(review.write_files(n.target, where)))
+                echo("\n".join(review.write_files(n.target, where)))
             if n.ray is not None:
                 where.mkdir(parents=True, exist_ok=True)
                 (where / n.ray.name).write_text(n.ray.text)
-                print(f"{where / n.ray.name}  ({n.ray.path} on {n.name})")
+                echo(f"{where / n.ray.name}  ({n.ray.path} on {n.name})")
 
 
-@task(help={"name": NAME_HELP})
+@vigil_task(help={"name": NAME_HELP})
 def rollback(c: Context, name: str) -> None:
     """Put every release of the group back in the start order (native: the head first,
     then the workers; ray: the Ray head, the Ray workers, then vLLM) and verify it."""

@@ -12,7 +12,6 @@ from typing import Any
 from invoke.collection import Collection
 from invoke.context import Context
 from invoke.exceptions import Exit
-from invoke.tasks import task
 
 from vigil.deploy import apply as deploy_mod
 from vigil.deploy.gpucheck import GpuPolicy, health_lines, newest_cuda
@@ -27,7 +26,15 @@ from vigil.desired.stacks import check as check_stack
 from vigil.desired.stacks import pip_check_problems
 from vigil.errors import ConfigError, VigilError
 from vigil.exitcodes import ExitCode
-from vigil.tasks.common import HOSTS_HELP, load_inventory, parallel, setting, user_errors
+from vigil.report import echo
+from vigil.tasks.common import (
+    HOSTS_HELP,
+    load_inventory,
+    parallel,
+    template_dirs,
+    user_errors,
+    vigil_task,
+)
 from vigil.transport.remote import call
 from vigil.transport.ssh import connect
 
@@ -89,7 +96,7 @@ def drift(inv: inventory_mod.Inventory, name: str, stack: str | None,
     return out
 
 
-@task(help={
+@vigil_task(help={
     "hosts": HOSTS_HELP,
     "stack": "compare with this stack (inventory/stacks/NAME.yml); default: the host's",
     "no_pip_check": "skip `pip check` in the environment",
@@ -113,13 +120,13 @@ def check(c: Context, hosts: str = "all", stack: str | None = None,
         d = results[n]
         head = f"{n:<{width}}  {d.stack:<24} {d.seconds:6.2f} s  "
         if d.error:
-            print(head + f"unreachable: {d.error.splitlines()[0]}")
+            echo(head + f"unreachable: {d.error.splitlines()[0]}")
         elif d.ok:
-            print(head + f"ok  {d.current}")
+            echo(head + f"ok  {d.current}")
         else:
-            print(head + f"DRIFT  {d.current}")
+            echo(head + f"DRIFT  {d.current}")
             for p in d.problems:
-                print(f"{'':<{width}}    {p}")
+                echo(f"{'':<{width}}    {p}")
     if not all(d.ok for d in results.values()):
         raise Exit(code=int(ExitCode.FAILED))
 
@@ -168,7 +175,7 @@ def _facts_lines(t: targets_mod.Target, facts: Any) -> list[str]:
     return lines
 
 
-@task(help={
+@vigil_task(help={
     "model": "model profile; default: the host's `model`",
     "hosts": HOSTS_HELP,
     "stack": "runtime stack; default: the host's `stack`",
@@ -182,9 +189,9 @@ def preflight(c: Context, model: str | None = None, hosts: str = "all",
     try:
         targets = targets_mod.resolve(load_inventory(c), hosts, model=model, stack=stack,
                                      sets=set_ or [], require_secrets=False,
-                                     template_dir=setting(c, "templates"))
+                                     template_dir=template_dirs(c))
     except VigilError as exc:
-        print(f"NO-GO  {exc}")
+        echo(f"NO-GO  {exc}")
         raise Exit(code=int(exc.exit_code)) from None
     reports: dict[str, tuple[list[str], list[VigilError], str | None]] = {}
 
@@ -205,15 +212,15 @@ def preflight(c: Context, model: str | None = None, hosts: str = "all",
     for t in targets:
         lines, found, error = reports[t.name]
         if error:
-            print(f"{t.name}: UNREACHABLE  {error}")
+            echo(f"{t.name}: UNREACHABLE  {error}")
             code = max(code, int(ExitCode.FAILED))
             continue
-        print(f"{t.name}: {'GO' if not found else 'NO-GO'}  ({t.profile.name} on "
+        echo(f"{t.name}: {'GO' if not found else 'NO-GO'}  ({t.profile.name} on "
               f"{t.stack.name})")
         for line in lines:
-            print(f"  {line}")
+            echo(f"  {line}")
         for refusal in found:
-            print("  refused: " + str(refusal).replace("\n", "\n    "))
+            echo("  refused: " + str(refusal).replace("\n", "\n    "))
             code = max(code, int(refusal.exit_code))
     if code:
         raise Exit(code=code)

@@ -6,17 +6,19 @@ from __future__ import annotations
 import json as json_mod
 
 from invoke.context import Context
-from invoke.tasks import task
 
 from vigil.desired import targets as targets_mod
-from vigil.report import write_json
+from vigil.report import echo, write_json
 from vigil.tasks.common import (
     HOSTS_HELP,
     SET_HELP,
     exit_with,
     load_inventory,
+    out_path,
     setting,
+    template_dirs,
     user_errors,
+    vigil_task,
     watch_settings,
 )
 from vigil.verify import history as history_mod
@@ -26,7 +28,7 @@ from vigil.verify import report as verify_report
 from vigil.verify import watch
 
 
-@task(
+@vigil_task(
     help={
         "hosts": HOSTS_HELP,
         "model": "model profile; default: the host's `model`",
@@ -60,24 +62,25 @@ def verify(
     with user_errors():
         settings = watch_settings(c, poll, stall, probe)
         targets = targets_mod.resolve(load_inventory(c), hosts, model=model, stack=stack,
-                                     sets=set_ or [], template_dir=setting(c, "templates"))
+                                     sets=set_ or [], template_dir=template_dirs(c))
         with verify_report.Reporter() as rep:
             outcomes = watch.verify_all(targets, settings, setting(c, "state_dir"),
                                         on_poll=rep.poll, on_note=rep.note)
         code = watch.worst_exit(outcomes)
-        print(verify_report.summary(outcomes))
+        echo(verify_report.summary(outcomes))
         if json:
-            write_json(json, verify_report.run_json(outcomes, code))
+            write_json(str(out_path(c, json)), verify_report.run_json(outcomes, code))
         if junit:
-            verify_report.write_junit(junit, outcomes)
+            verify_report.write_junit(str(out_path(c, junit)), outcomes)
         if html:
-            verify_html.write(html, verify_html.outcomes_page(outcomes))
+            verify_html.write(str(out_path(c, html)), verify_html.outcomes_page(outcomes))
     exit_with([code])
 
 
-@task(help={"model": "only this model profile", "hosts": HOSTS_HELP + " (default: every host)",
-            "html": "also write phase durations over past starts (cold vs warm) as one "
-                    "self-contained HTML page to this file"})
+@vigil_task(help={"model": "only this model profile",
+                  "hosts": HOSTS_HELP + " (default: every host)",
+                  "html": "also write phase durations over past starts (cold vs warm) as "
+                  "one self-contained HTML page to this file"})
 def history(c: Context, model: str | None = None, hosts: str | None = None,
             html: str | None = None) -> None:
     """Past starts from the local mirror: phase durations, verdicts, cold/warm."""
@@ -85,25 +88,25 @@ def history(c: Context, model: str | None = None, hosts: str | None = None,
         names = load_inventory(c).select(hosts) if hosts else None
         mirror = history_mod.Mirror(setting(c, "state_dir") / "history.sqlite")
         records = mirror.records(model=model, hosts=names)
-        print(verify_report.history_table(records))
+        echo(verify_report.history_table(records))
         if html:
-            verify_html.write(html, verify_html.history_page(records))
+            verify_html.write(str(out_path(c, html)), verify_html.history_page(records))
 
 
-@task(help={"json": "print the result as JSON"}, positional=["file"])
+@vigil_task(help={"json": "print the result as JSON"}, positional=["file"], inventory=False)
 def replay(c: Context, file: str, json: bool = False) -> None:
     """Re-run the watcher on a recorded trace or a vLLM log: phases and verdict."""
     with user_errors():
         out = replay_mod.replay_file(file)
     if json:
-        print(json_mod.dumps(out, indent=2))
+        echo(json_mod.dumps(out, indent=2))
         return
     for ph in out["phases"]:
-        print(f"{ph['name']:<18} {ph['duration_s']:>9.1f} s")
+        echo(f"{ph['name']:<18} {ph['duration_s']:>9.1f} s")
     line = f"verdict: {out['verdict'] or 'none'}"
     if out.get("cause"):
         line += f" ({out['cause']})"
-    print(line)
+    echo(line)
     for key in ("proof", "remedy", "evidence", "note"):
         if out.get(key):
-            print(f"{key}: {out[key]}")
+            echo(f"{key}: {out[key]}")
