@@ -130,7 +130,9 @@ def test_deploy_and_verify_from_the_users_repo_against_a_lab_host(
     hosts = yaml.safe_load((inv / "hosts.yml").read_text())
     hosts["hosts"]["e2e"] = {"address": "127.0.0.1", "ssh_port": lab.host_port(INDEX),
                              "port": PORT}
-    hosts["groups"]["lab"] = {"hosts": ["e2e"], "vars": {
+    # nothing listens on port 1: a host the pipeline must report as failed
+    hosts["hosts"]["gone"] = {"address": "127.0.0.1", "ssh_port": 1, "port": PORT}
+    hosts["groups"]["lab"] = {"hosts": ["e2e", "gone"], "vars": {
         "model": "tiny-cpu", "stack": "lab-cpu", "service": UNIT, "ssh_user": "root",
         "ssh_key": str(lab.key_path()), "known_hosts": str(lab.known_hosts_path()),
         "connect_timeout_s": 5}}
@@ -141,10 +143,21 @@ def test_deploy_and_verify_from_the_users_repo_against_a_lab_host(
     assert deployed.returncode == 0, deployed.stdout + deployed.stderr
     summary = json.loads((ops_repo / "reports" / "deploy.json").read_text())
     assert summary["ok"] is True and summary["hosts"]["e2e"]["status"] == "changed"
+    github = {"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(ops_repo / "summary.md")}
     verified = run([str(installed / "invoke"), "verify", "--hosts", "e2e", "--json",
-                    "reports/verify.json"], cwd=ops_repo)
+                    "reports/verify.json"], cwd=ops_repo, env=github)
     assert verified.returncode == 0, verified.stdout + verified.stderr
     report = json.loads((ops_repo / "reports" / "verify.json").read_text())
     assert report["hosts"]["e2e"]["verdict"] == "ready", report
+    assert "::error" not in verified.stdout
+    # the pipeline's view of a failed host, from a real run: one annotation, one row
+    lost = run([str(installed / "vigil"), "deploy", "--hosts", "gone"], cwd=ops_repo,
+               env=github)
+    assert lost.returncode == 1, lost.stdout + lost.stderr
+    (annotation,) = [ln for ln in lost.stdout.splitlines() if ln.startswith("::error")]
+    assert annotation.startswith("::error title=vigil deploy%3A gone::gone failed: ")
+    summary = (ops_repo / "summary.md").read_text()
+    assert "### vigil verify: 1 of 1 hosts fine" in summary and "| e2e | ready |" in summary
+    assert "### vigil deploy: 0 of 1 hosts fine" in summary and "| gone | ❌ failed |" in summary
     assert (ops_repo / "state" / "history.sqlite").is_file()
     assert checkout_state() == before  # nothing written in the checkout

@@ -12,6 +12,7 @@ from vigil.desired import targets as targets_mod
 from vigil.desired.config import HostVars
 from vigil.exitcodes import ExitCode
 from vigil.report import Log, echo, results_json, summary_table, write_json
+from vigil.tasks import pipeline
 from vigil.tasks.common import (
     HOSTS_HELP,
     SET_HELP,
@@ -92,6 +93,7 @@ def deploy(
             ro = rollout.run(targets, opts, log, serial=serial, max_fail=max_fail,
                              rollback_failed=rollback_failed)
             echo(rollout.summary(ro))
+            pipeline.report("deploy", pipeline.deploy_rows([*ro.results, *ro.rolled_back]))
             if json:
                 write_json(str(out_path(c, json)), rollout.rollout_json(ro))
             if junit:
@@ -104,6 +106,7 @@ def deploy(
             return
         results = deploy_mod.deploy(targets, opts, log)
         echo(summary_table(results))
+        pipeline.report("deploy", pipeline.deploy_rows(results))
         if json:
             write_json(str(out_path(c, json)), results_json(results))
     exit_with([r.exit_code or (ExitCode.FAILED if r.status == "failed" else 0)

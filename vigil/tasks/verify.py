@@ -9,6 +9,7 @@ from invoke.context import Context
 
 from vigil.desired import targets as targets_mod
 from vigil.report import echo, write_json
+from vigil.tasks import pipeline
 from vigil.tasks.common import (
     HOSTS_HELP,
     SET_HELP,
@@ -68,6 +69,7 @@ def verify(
                                         on_poll=rep.poll, on_note=rep.note)
         code = watch.worst_exit(outcomes)
         echo(verify_report.summary(outcomes))
+        pipeline.report("verify", pipeline.verify_rows(outcomes))
         if json:
             write_json(str(out_path(c, json)), verify_report.run_json(outcomes, code))
         if junit:

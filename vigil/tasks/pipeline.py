@@ -1,0 +1,84 @@
+"""What a CI/CD pipeline shows of a run, written by vigil itself so a recipe needs no glue:
+under GitHub Actions, the recap as a table in the job summary (``$GITHUB_STEP_SUMMARY``)
+and one ``::error::`` annotation per failed host. Elsewhere nothing (the recap is on
+stdout, JUnit with --junit).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from vigil.report import HostResult
+from vigil.verify.watch import Outcome
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+@dataclass(frozen=True)
+class Row:
+    host: str
+    result: str  # ok, changed, failed, ready, crashed, ...
+    detail: str
+    failed: bool
+
+
+def deploy_rows(results: Iterable[HostResult]) -> list[Row]:
+    rows = []
+    for r in results:
+        done = ", ".join(a.split(":", 1)[0] for a in r.actions)
+        detail = (r.error.splitlines() or [""])[0] if r.error else done or "nothing to do"
+        # a start that failed its watch says how (crashed, stalled) rather than "failed"
+        result = r.verdict if r.status == "failed" and r.verdict else r.status
+        rows.append(Row(r.host, result, detail, r.status == "failed"))
+    return rows
+
+
+def verify_rows(outcomes: Iterable[Outcome]) -> list[Row]:
+    rows = []
+    for o in outcomes:
+        st = o.state
+        if o.error is not None or st is None:
+            rows.append(Row(o.host, "error", (o.error or "no verdict").splitlines()[0], True))
+            continue
+        detail = " - ".join(str(x) for x in (st.cause, st.proof or st.remedy) if x)
+        rows.append(Row(o.host, str(st.verdict), detail or str(st.phase or ""),
+                        st.verdict != "ready"))
+    return rows
+
+
+def _cell(text: str) -> str:
+    return _CONTROL.sub(" ", text).replace("|", "\\|")
+
+
+def _message(text: str) -> str:
+    """A workflow command's data: GitHub's own escapes, then no other control char."""
+    escaped = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    return _CONTROL.sub(" ", escaped)
+
+
+def _property(text: str) -> str:
+    return _message(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def report(task: str, rows: list[Row], environ: Mapping[str, str] | None = None) -> str:
+    """Annotate and summarise for the pipeline the run is in; returns what it printed."""
+    env = os.environ if environ is None else environ
+    if env.get("GITHUB_ACTIONS") != "true":
+        return ""
+    printed = [f"::error title={_property(f'vigil {task}: {r.host}')}::"
+               f"{_message(f'{r.host} {r.result}: {r.detail}')}" for r in rows if r.failed]
+    if printed:
+        print("\n".join(printed), flush=True)
+    summary = env.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        failed = sum(r.failed for r in rows)
+        lines = [f"### vigil {task}: {len(rows) - failed} of {len(rows)} hosts fine", "",
+                 "| host | result | detail |", "|---|---|---|"]
+        lines += [f"| {_cell(r.host)} | {'❌ ' if r.failed else ''}{_cell(r.result)} | "
+                  f"{_cell(r.detail)} |" for r in rows]
+        with open(summary, "a", encoding="utf-8") as fh:
+            fh.write("\n".join(lines) + "\n\n")
+    return "\n".join(printed)
