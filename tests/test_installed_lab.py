@@ -47,8 +47,9 @@ def run(args: list[str], cwd: Path, timeout: float = 900,
 
 def checkout_state() -> str:
     """What a run could leave in the checkout: git's view plus the ignored state/."""
-    status = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all",
-                             "--", "state", "rendered", "reports", "inventory"],
+    status = subprocess.run(["git", "status", "--porcelain", "--ignored",
+                             "--untracked-files=all", "--", "state", "rendered", "reports",
+                             "inventory", "build", "dist", "summary.md"],
                             cwd=REPO, capture_output=True, text=True, check=True).stdout
     return status
 
@@ -58,8 +59,13 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel, built from this checkout, in a fresh venv: its bin/ folder."""
     work = tmp_path_factory.mktemp("installed")
     dist = work / "dist"
+    # built from a copy: setuptools writes build/ and *.egg-info into the tree it builds
+    source = work / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "state", "mutants", "build", "dist", "*.egg-info", "__pycache__",
+        ".mypy_cache", ".ruff_cache", ".pytest_cache", ".hypothesis"))
     built = run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist),
-                 str(REPO)], cwd=work)
+                 str(source)], cwd=work)
     assert built.returncode == 0, built.stderr
     (wheel,) = dist.glob("vigil-*.whl")
     venv = work / "venv"
