@@ -99,13 +99,34 @@ def group(lab_hosts: list[lab.HostStatus], tmp_path_factory: pytest.TempPathFact
     return resolve_group(inventory.load(inv), "tiny-pp2", operator_env={})
 
 
+# The unit's processes, by the cgroup each one is in (cgroup v1 and v2 alike): the API
+# server, the ranks, multiprocessing's resource tracker and spawned children, whatever
+# their command lines say.
+IN_UNIT = f"grep -lF '/{UNIT}.service' /proc/[0-9]*/cgroup 2>/dev/null | cut -d/ -f3"
+
+
 def _stop(i: int) -> None:
-    # [{i}]: the pattern must not match this shell's own command line
-    code, _, err = lab.run(
-        i, f"systemctl stop {UNIT}; for n in $(seq 40); do "
-        f"pgrep -f -- '--port=819[{i}]' >/dev/null || break; sleep 1; done; "
-        f"systemctl reset-failed {UNIT} 2>/dev/null; true", timeout=120)
-    assert code == 0, f"lab{i}: stop {UNIT}: {err}"
+    """Stopped means the unit inactive and no process left in its cgroup: a start while
+    one still exits fails with 219/CGROUP on the lab's cgroup v1 (seen in CI under load,
+    where a wait on the API server's command line alone ended too early)."""
+    code, out, err = lab.run(
+        i, f"systemctl stop {UNIT}; for n in $(seq 180); do "
+        f"[ -z \"$({IN_UNIT})\" ] && break; sleep 1; done; "
+        f"left=$({IN_UNIT}); systemctl reset-failed {UNIT} 2>/dev/null; "
+        f"[ -z \"$left\" ] || {{ echo \"left in {UNIT}: $left\"; "
+        "ps -o pid,stat,etimes,args -p $(echo $left | tr ' ' ,); exit 1; }",
+        timeout=240)
+    assert code == 0, f"lab{i}: stop {UNIT}: {out} {err}"
+
+
+def _start(i: int) -> None:
+    """systemctl start, and on failure systemd's own account of why (the unit's status
+    and journal), so a failed start names its cause."""
+    code, _, err = lab.run(i, f"systemctl start {UNIT}", timeout=120)
+    if code != 0:
+        _, why, _ = lab.run(i, f"systemctl status --no-pager -l {UNIT}; "
+                               f"journalctl -u {UNIT} -n 30 --no-pager", timeout=60)
+        raise AssertionError(f"lab{i}: systemctl start {UNIT}: {err}\n{why}")
 
 
 def _stop_all() -> None:
@@ -227,7 +248,7 @@ def test_a_missing_worker_stalls_then_a_killed_worker_crashes_naming_it(
     joins the waiting head; once joined, its engine (vLLM's main process and its rank) is
     SIGKILLed while it loads: the group is crashed naming lab2."""
     _stop_all()
-    sh(HEAD, f"systemctl start {UNIT}")  # the worker's unit stays stopped
+    _start(HEAD)  # the worker's unit stays stopped
     stalled = verify_group(group, Settings(poll_s=3, stall_s=40), deadline_s=600).history[-1]
     assert stalled.verdict == "stalled", stalled
     assert stalled.phase == "distributed_init" and stalled.node == "lab2", stalled
@@ -246,7 +267,7 @@ def test_a_missing_worker_stalls_then_a_killed_worker_crashes_naming_it(
                "kill -KILL $m $(pgrep -P $m)")
             killed.set()
 
-    sh(WORKER, f"systemctl start {UNIT}")
+    _start(WORKER)
     watch = verify_group(group, Settings(poll_s=2, stall_s=240), on_poll=kill_during_load,
                          deadline_s=600)
     final = watch.history[-1]
