@@ -98,8 +98,8 @@ def test_first_deploy_installs_switches_writes_enables_starts() -> None:
                   packages=None, service={"ActiveState": "inactive", "UnitFileState": "",
                                           "MainPID": "0", "LoadState": "not-found"},
                   health=None, backup=False)
-    assert kinds(t, f) == ["install_env", "switch_env", "write_env", "write_unit",
-                           "systemctl", "systemctl", "restart"]
+    assert kinds(t, f) == ["install_env", "mark_env", "switch_env", "write_env",
+                           "write_unit", "systemctl", "systemctl", "restart"]
 
 
 def test_drifted_package_reinstalls() -> None:
@@ -138,3 +138,17 @@ def test_install_refused_without_disk() -> None:
     f = facts_for(t, env_complete=False, disk_free_bytes=2 * 2**30)
     with pytest.raises(RefusedError, match=r"2\.0 GiB free"):
         make_plan("llm-one", t.stack, t.rendered, f)
+
+
+def test_the_plan_lists_every_action_apply_sends_marking_the_new_environment_too() -> None:
+    """--check shows the whole truth: the install's mark_env (sent by apply once the
+    environment passed verification) is a planned action with its reason, right after
+    install_env, and names the environment it marks."""
+    t = target()
+    f = facts_for(t, packages=None)
+    plan = make_plan("llm-one", t.stack, t.rendered, f)
+    install, mark = plan.actions[0], plan.actions[1]
+    assert (install.kind, mark.kind) == ("install_env", "mark_env")
+    assert mark.payload == {"env_dir": install.payload["env_dir"]}
+    assert "passed verification" in mark.reason and "discarded" in mark.reason
+    assert any(line.startswith("mark_env: mark ") for line in plan.describe())

@@ -101,7 +101,9 @@ def apply_install(
         )
     say(f"{env_dir} verified ({res.get('installer')}, {res.get('seconds')} s): pins, rules, "
         f"pip check, import {', '.join(t.stack.verify_imports)}")
-    return [{"kind": "mark_env", "env_dir": env_dir, "packages": res.get("packages")}]
+    mark = next((a for a in plan.actions if a.kind == "mark_env"), None)
+    assert mark is not None, "make_plan lists mark_env after every install_env"
+    return [{**mark.wire(), "packages": res.get("packages")}]
 
 
 def missing_remedy(res: dict[str, Any], stack: str) -> str | None:
@@ -121,8 +123,8 @@ def apply_plan(transport: Transport, t: Target, plan: Plan, say: Callable[[str],
     if not plan.actions:
         return
     first = apply_install(transport, t, plan, say)
-    request = {**agent_request(t), "actions": first + [a.wire() for a in plan.actions
-                                                       if a.kind != "install_env"]}
+    request = {**agent_request(t), "actions": first + [
+        a.wire() for a in plan.actions if a.kind not in ("install_env", "mark_env")]}
     reply = call(transport, t.vars, "apply", request, timeout=3600)
     for i, res in enumerate(reply["results"]):
         if res["ok"] and done is not None:

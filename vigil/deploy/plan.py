@@ -27,8 +27,8 @@ from vigil.errors import RefusedError
 
 @dataclass(frozen=True)
 class Action:
-    # install_env | backup | switch_env | remove_envs | write_env | write_unit | systemctl
-    # | kill | restart
+    # install_env | mark_env | backup | switch_env | remove_envs | write_env | write_unit
+    # | systemctl | kill | restart
     kind: str
     reason: str
     payload: dict[str, Any] = field(default_factory=dict)
@@ -156,6 +156,7 @@ class RuntimePlan:
     install: Action | None
     target: str
     differences: tuple[str, ...]  # pins and rules the live environment breaks
+    mark: Action | None = None  # marks the installed environment complete, once verified
 
 
 def plan_runtime(host_name: str, stack: Stack, r: Rendered, facts: HostFacts, *,
@@ -166,7 +167,7 @@ def plan_runtime(host_name: str, stack: Stack, r: Rendered, facts: HostFacts, *,
     min_free = int(hv.min_free_gib * 2**30)
     runtime = runtime_differences(stack, facts)
     target = in_use(r.paths.env_dir, facts)
-    install = None
+    install = mark = None
     if runtime or reinstall:
         if facts.disk_free_bytes < min_free:
             raise RefusedError(
@@ -179,7 +180,10 @@ def plan_runtime(host_name: str, stack: Stack, r: Rendered, facts: HostFacts, *,
         install = Action("install_env", "; ".join(runtime) or "--reinstall",
                          install_payload(stack, target, r.paths.current,
                                          installer=hv.installer))
-    return RuntimePlan(install, target, tuple(runtime))
+        mark = Action("mark_env", f"mark {target} complete once it passed verification "
+                      "(pins, rules, pip check, imports); a failed one is discarded and "
+                      "nothing after it runs", {"env_dir": target})
+    return RuntimePlan(install, target, tuple(runtime), mark)
 
 
 def plan_service(host_name: str, r: Rendered, facts: HostFacts, runtime: RuntimePlan, *,
@@ -188,6 +192,8 @@ def plan_service(host_name: str, r: Rendered, facts: HostFacts, runtime: Runtime
     file, keep the replaced release, restart only when something it runs changed."""
     hv = host
     actions: list[Action] = [runtime.install] if runtime.install else []
+    if runtime.mark:
+        actions.append(runtime.mark)
     target = runtime.target
     switch = facts.current_env != target
     unit_changed = facts.unit_text != r.unit_text
