@@ -1,7 +1,8 @@
 """The attack list of issue 8, one test per attack, so the next review can re-run it.
 
 Each test is named for the attack it replays (``test_a<N>_...`` for item N of the
-issue). Attacks that need a real sshd run against a lab host and are marked ``lab``.
+issue; ``test_i21_<N>_...`` for item N of issue 21, in its own section at the end).
+Attacks that need a real sshd run against a lab host and are marked ``lab``.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,7 +20,7 @@ from vigil.deploy.plan import env_diff
 from vigil.desired.config import HostVars
 from vigil.desired.render import mask_env_text
 from vigil.desired.targets import Target
-from vigil.errors import ConfigError, UnreachableError
+from vigil.errors import ConfigError, TemplateError, UnreachableError
 from vigil.transport.ssh import (
     KnownHosts,
     SSHTransport,
@@ -1018,3 +1020,156 @@ def test_a15_max_model_len_is_bounded_by_the_other_keys_of_config_json(tmp_path:
     ok = target("max_model_len=1024")
     assert not any("n_positions" in str(p) for p in problems(
         "llm-one", ok.profile, ok.rendered, facts_for(ok, model=found)))
+
+
+# == issue 21: trust, round two ================================================================
+# Item 1: a template is code from someone else. Each test replays one attack of the issue.
+
+
+def _role(tmp_path: Path, text: str, name: str = "evil") -> Any:
+    from vigil.desired.roles import load_role
+
+    folder = tmp_path / "roles" / name
+    (folder / "templates").mkdir(parents=True)
+    (folder / "templates" / "x.conf.j2").write_text(text)
+    (folder / "role.yml").write_text(
+        "files:\n  - template: x.conf.j2\n    dest: /etc/vigil/evil/x.conf\n")
+    return load_role(tmp_path / "roles", name)
+
+
+def _render_role(tmp_path: Path, text: str) -> str:
+    from vigil.desired.roles import render_role
+
+    return render_role(_role(tmp_path, text), "h1", {}).files[0].content
+
+
+# -- 1. templates render in Jinja's sandbox, bounded in time and size ---------------------
+
+
+def test_i21_1_a_role_template_cannot_run_a_command_through_python_internals(
+        tmp_path: Path) -> None:
+    mark = tmp_path / "ran"
+    text = f"ok\n{{{{ cycler.__init__.__globals__.os.popen('touch {mark}').read() }}}}\n"
+    with pytest.raises(TemplateError, match=r"x\.conf\.j2: line 2: access to attribute "
+                                            r"'__init__' of 'type' object is unsafe") as exc:
+        _render_role(tmp_path, text)
+    assert not mark.exists()
+    assert "Traceback" not in str(exc.value) and exc.value.fix
+
+
+def test_i21_1_a_service_template_renders_in_the_same_sandbox(tmp_path: Path) -> None:
+    import shutil
+
+    from tests.test_render_flags import _host, _profile
+    from vigil.desired.render import TEMPLATES, render
+
+    shutil.copytree(TEMPLATES, tmp_path / "t")
+    (tmp_path / "t" / "vllm.service.j2").write_text(
+        "[Unit]\n{{ ''.__class__.__mro__[1].__subclasses__() }}\n")
+    with pytest.raises(TemplateError, match=r"vllm\.service\.j2: line 2: .*unsafe"):
+        render("h", _host(), _profile(), _stack(), {}, tmp_path / "t")
+
+
+def _stack() -> Any:
+    from vigil.desired import inventory
+
+    return inventory.load(Path(__file__).resolve().parents[1] / "inventory").stack("lab-cpu")
+
+
+def test_i21_1_a_huge_range_fails_at_once_with_one_error(tmp_path: Path) -> None:
+    started = time.monotonic()
+    with pytest.raises(TemplateError, match=r"x\.conf\.j2: line 3: OverflowError: Range too "
+                                            r"big"):
+        _render_role(tmp_path, "a\nb\n{{ range(10**9)|list }}\n")
+    assert time.monotonic() - started < 2
+
+
+def test_i21_1_loops_that_print_nothing_stop_at_the_deadline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vigil.desired import sandbox
+
+    monkeypatch.setattr(sandbox, "MAX_SECONDS", 0.3)
+    text = ("{% set r = range(100000)|list %}\n"
+            "{% for a in r %}{% for b in r %}{% for c in r %}{% endfor %}{% endfor %}"
+            "{% endfor %}\n")
+    started = time.monotonic()
+    with pytest.raises(TemplateError, match=r"line 2: rendering took longer than 0\.3 s"):
+        _render_role(tmp_path, text)
+    assert time.monotonic() - started < 3
+
+
+def test_i21_1_exponential_macro_recursion_stops_at_the_deadline(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vigil.desired import sandbox
+
+    monkeypatch.setattr(sandbox, "MAX_SECONDS", 0.3)
+    text = ("{% macro f(n) %}{% if n %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}{% endmacro %}"
+            "{{ f(60) }}")
+    with pytest.raises(TemplateError, match=r"longer than 0\.3 s"):
+        _render_role(tmp_path, text)
+
+
+@pytest.mark.parametrize("text", [
+    "{{ 'x' * 10**9 }}",
+    "{{ 2 ** (10 ** 8) }}",
+    "{{ 'x'|center(10**10) }}",
+    "{{ 'x'.ljust(10**10) }}",
+    "{{ 'x'|indent(10**9) }}",
+    "{{ '%0999999999d'|format(1) }}",
+    "{{ '%0999999999d' % 1 }}",
+    "{{ '{:999999999}'.format(1) }}",
+    "{% set a = 'x' * 1000 %}{{ a|replace('x', a)|replace('x', a) }}",
+    "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}"
+    "{% endfor %}",
+    "{% set s = 'x' * 1000000 %}{% set t %}{{ s }}{{ s }}{% endset %}",
+    "{{ range(100000)|map('center', 100000)|join }}",
+    "{% for i in range(100000) %}{{ 'y' * 1000 }}{% endfor %}",
+    "{% macro m() %}{% for i in range(100000) %}{{ 'y' * 100000 }}{% endfor %}{% endmacro %}"
+    "{{ m()|length }}",
+    # constant text in a buffered loop counts at each step (never folded at compile time)
+    "{% macro m() %}{% for a in range(100000) %}{% for b in range(100000) %}" + "K" * 1000
+    + "{% endfor %}{% endfor %}{% endmacro %}{{ m()|length }}",
+    "{{ 'x'|center(10000000000) }}",  # a constant Jinja would fold while compiling
+])
+def test_i21_1_no_template_makes_a_value_or_an_output_past_the_size_cap(
+        tmp_path: Path, text: str) -> None:
+    started = time.monotonic()
+    with pytest.raises(TemplateError, match=r"x\.conf\.j2: .*(over the limit|limit of)"):
+        _render_role(tmp_path, text)
+    assert time.monotonic() - started < 3
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("a\n{{ 1/0 }}\n", r"line 2: ZeroDivisionError: division by zero"),
+    ("a\n\n{% include 'nowhere.j2' %}\n", r"line 3: includes 'nowhere\.j2', which is not "),
+    ("a\n{% for %}\n", r"line 2: Expected an expression"),
+    ("{{ nope }}\n", r"line 1: 'nope' is undefined"),
+    ("a\n{{ 'port ' + 8080 }}\n", r"line 2: TypeError: can only concatenate str"),
+    ("{% macro f() %}{{ f() }}{% endmacro %}{{ f() }}", r"line 1: RecursionError: "),
+    ("{% include 'x.conf.j2' %}", r"line 1: RecursionError: "),
+])
+def test_i21_1_every_template_error_is_one_message_with_file_and_line(
+        tmp_path: Path, text: str, said: str) -> None:
+    with pytest.raises(TemplateError, match=r"^\S*/evil/templates/x\.conf\.j2: " + said) as exc:
+        _render_role(tmp_path, text)
+    assert "Traceback" not in str(exc.value)
+
+
+def test_i21_1_an_error_in_an_included_template_names_that_file(tmp_path: Path) -> None:
+    role = _role(tmp_path, "top\n{% include 'part.j2' %}\n")
+    (role.dir / "templates" / "part.j2").write_text("one\ntwo {{ 1 // 0 }}\n")
+    from vigil.desired.roles import render_role
+
+    with pytest.raises(TemplateError, match=r"/part\.j2: line 2: ZeroDivisionError"):
+        render_role(role, "h1", {})
+
+
+def test_i21_1_an_ordinary_template_still_renders_with_loops_macros_and_filters(
+        tmp_path: Path) -> None:
+    text = ("{% macro kv(k, v) %}{{ k }}={{ v|upper }}{% endmacro %}"
+            "{% for k, v in {'a': 'b', 'c': 'd'}.items() %}{{ kv(k, v) }}"
+            "{{ ',' if not loop.last }}{% endfor %}\n"
+            "{% set block %}{{ inventory_hostname ~ '!' }}{% endset %}{{ block|indent(2) }}\n"
+            "{{ '%s-%d' % ('p', 3) }} {{ '{}:{}'.format('h', 80) }} {{ [3, 1]|sort|join(' ') }}"
+            " {{ 'a b'|replace(' ', '_') }} {{ 'x'|center(5) }}|{{ 2 ** 10 }}\n")
+    assert _render_role(tmp_path, text) == "a=B,c=D\nh1!\np-3 h:80 1 3 a_b   x  |1024\n"

@@ -152,7 +152,7 @@ def test_template_errors_name_the_file_and_the_fix(tmp_path: Path) -> None:
     (tmp_path / "t" / "vllm.service.j2").write_text("a\n{{ nope }}\n")
     with pytest.raises(TemplateError) as undefined:
         _render(_host(), _profile(), template_dir=tmp_path / "t")
-    assert str(undefined.value) == (f"{tmp_path}/t/vllm.service.j2: 'nope' is undefined\n"
+    assert str(undefined.value) == (f"{tmp_path}/t/vllm.service.j2: line 2: 'nope' is undefined\n"
                                     "  fix: use only variables vigil/desired/render.py passes")
     (tmp_path / "t" / "vllm.service.j2").write_text("a\n{% if %}\n")
     with pytest.raises(TemplateError, match=r"vllm\.service\.j2: line 2: ") as syntax:

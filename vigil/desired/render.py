@@ -12,16 +12,20 @@ import hmac
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import jinja2
 
 from vigil.desired.config import HostVars, ModelProfile, Stack
-from vigil.errors import ConfigError, TemplateError
+from vigil.desired.sandbox import Sandbox, render_template
+from vigil.errors import ConfigError
 
-# The service role owns the unit and env file templates.
-TEMPLATES = Path(__file__).resolve().parents[2] / "roles" / "service" / "templates"
+# The service role owns the unit and env file templates; the package ships them.
+TEMPLATES = Path(__file__).resolve().parents[1] / "roles" / "service" / "templates"
+# One folder, or a search path: the first folder holding a template wins (an ops repo's
+# roles/service/templates before the built-in one).
+TemplateDirs = Path | Sequence[Path]
 STATE_ROOT = "/var/lib/vigil"  # vigil's own state on a host: backups, locks, history
 CACHE_ROOT = "/var/cache/vigil"  # per-service compile caches (systemd CacheDirectory=)
 BANNER = "Managed by vigil - edits here are replaced by the next deploy."
@@ -151,11 +155,25 @@ class Rendered:
     env_text: str
     env_masked: str  # what plans, diffs and logs may show
     secret_names: frozenset[str]
+    # template name -> the file it was rendered from (an ops repo may override a built-in)
+    templates: Mapping[str, str] = field(default_factory=dict)
 
 
-def _environment(template_dir: Path) -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(template_dir)),
+def search_path(template_dir: TemplateDirs) -> list[str]:
+    dirs = [template_dir] if isinstance(template_dir, Path) else list(template_dir)
+    return [str(d) for d in dirs]
+
+
+def template_file(template_dir: TemplateDirs, name: str) -> Path:
+    """The file a template name resolves to on the search path (the first that has it)."""
+    dirs = search_path(template_dir)
+    return next((Path(d) / name for d in dirs if (Path(d) / name).is_file()),
+                Path(dirs[0]) / name)
+
+
+def _environment(template_dir: TemplateDirs) -> jinja2.Environment:
+    env = Sandbox(  # an ops repo's templates are code run here: sandboxed and bounded
+        loader=jinja2.FileSystemLoader(search_path(template_dir)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
@@ -167,18 +185,11 @@ def _environment(template_dir: Path) -> jinja2.Environment:
 
 
 def _render(jenv: jinja2.Environment, name: str, context: Mapping[str, object]) -> str:
-    where = str(Path(jenv.loader.searchpath[0]) / name)  # type: ignore[union-attr]
-    try:
-        return jenv.get_template(name).render(**context)
-    except jinja2.TemplateNotFound:
-        raise TemplateError("template not found", file=where,
-                            fix="restore it from the repository") from None
-    except jinja2.TemplateSyntaxError as exc:
-        raise TemplateError(f"line {exc.lineno}: {exc.message}", file=where) from None
-    except jinja2.UndefinedError as exc:
-        raise TemplateError(
-            str(exc), file=where, fix="use only variables vigil/desired/render.py passes"
-        ) from None
+    where = str(template_file([Path(d) for d in jenv.loader.searchpath],  # type: ignore[union-attr]
+                              name))
+    # any failure (syntax, undefined, 1/0, a missing include, a limit) is one TemplateError
+    return render_template(jenv, name, context, where,
+                           undefined_fix="use only variables vigil/desired/render.py passes")
 
 
 def mask_env_text(text: str, secrets: frozenset[str]) -> str:
@@ -217,7 +228,7 @@ def render(
     profile: ModelProfile,
     stack: Stack,
     operator_env: Mapping[str, str],
-    template_dir: Path = TEMPLATES,
+    template_dir: TemplateDirs = TEMPLATES,
     *,
     require_secrets: bool = True,
     argv: Sequence[str] | None = None,
@@ -279,4 +290,6 @@ def render(
         env_text=env_text,
         env_masked=env_masked,
         secret_names=secrets,
+        templates={n: str(template_file(template_dir, n))
+                   for n in ("vllm.service.j2", "vllm.env.j2")},
     )
