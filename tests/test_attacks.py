@@ -7,6 +7,7 @@ Attacks that need a real sshd run against a lab host and are marked ``lab``.
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import time
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from lab import hosts as lab
 from vigil.deploy.plan import env_diff
@@ -1023,7 +1026,12 @@ def test_a15_max_model_len_is_bounded_by_the_other_keys_of_config_json(tmp_path:
 
 
 # == issue 21: trust, round two ================================================================
-# Item 1: a template is code from someone else. Each test replays one attack of the issue.
+# Items 1, 5, 6 and 7: a template is code from someone else; what a host says reaches a
+# terminal, a CI's XML parser and a browser. Each test replays one attack of the issue.
+
+_CLEAN = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
+HOSTILE = ("journal \x1b]0;owned\x07 \x1b[2J\x1b]52;c;cm0gLXJmIH4=\x07 \x9b31m \x07\x08 "
+           "a\rb \u2028\u2029\x85 \u202e \x00 \udc80 [/INST] [link=file:///etc/shadow]x[/link]")
 
 
 def _role(tmp_path: Path, text: str, name: str = "evil") -> Any:
@@ -1173,3 +1181,208 @@ def test_i21_1_an_ordinary_template_still_renders_with_loops_macros_and_filters(
             "{{ '%s-%d' % ('p', 3) }} {{ '{}:{}'.format('h', 80) }} {{ [3, 1]|sort|join(' ') }}"
             " {{ 'a b'|replace(' ', '_') }} {{ 'x'|center(5) }}|{{ 2 ** 10 }}\n")
     assert _render_role(tmp_path, text) == "a=B,c=D\nh1!\np-3 h:80 1 3 a_b   x  |1024\n"
+
+
+# -- 5. text from a host cannot drive the terminal ----------------------------------------------
+
+
+def test_i21_5_the_neutraliser_shows_control_characters_escaped_and_keeps_text_readable() -> None:
+    from vigil.report import safe_text
+
+    assert safe_text("\x1b]0;owned\x07\x1b[2J") == "\\x1b]0;owned\\x07\\x1b[2J"
+    assert safe_text("\x1b]52;c;aGk=\x07") == "\\x1b]52;c;aGk=\\x07"
+    assert safe_text("a\u2028b\u2029c\x85d\x9be") == "a\\u2028b\\u2029c\\x85d\\x9be"
+    assert safe_text("spin\rner\r\nnext") == "spin\\rner\nnext"
+    assert safe_text("\u202etxt.exe \u200b \udc80") == "\\u202etxt.exe \\u200b \\udc80"
+    kept = "INFO 12:00 loading\tshard 1/4\nmodèle 日本語 ✓ \u00a0 e\u0301 \\x1b as typed"
+    assert safe_text(kept) == kept
+
+
+def test_i21_5_log_lines_from_a_host_reach_the_terminal_cleaned() -> None:
+    import io
+
+    from vigil.report import Log
+
+    out = io.StringIO()
+    log = Log(out)
+    log("lab2", HOSTILE)
+    log.block("diff\n" + HOSTILE)
+    text = out.getvalue()
+    assert not _CLEAN.search(text.replace("\n", "").replace("\t", ""))
+    assert "\\x1b]0;owned\\x07" in text and "\\x1b[2J" in text and "\\u2028" in text
+    assert len(text.splitlines()) == 3  # a line separator inside a line starts no new line
+
+
+def test_i21_5_status_preflight_and_error_output_of_the_tasks_is_cleaned(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from invoke.exceptions import Exit
+
+    from vigil.deploy.service import HostRun
+    from vigil.errors import CommandError
+    from vigil.tasks import deploy as deploy_tasks
+    from vigil.tasks.common import user_errors
+
+    deploy_tasks._report([HostRun("lab2", value=f"active {HOSTILE}")])
+    with pytest.raises(Exit), user_errors():
+        raise CommandError("lab2", "hook", 1, f"stderr {HOSTILE}")
+    seen = capsys.readouterr()
+    for text in (seen.out, seen.err):
+        assert "\\x1b]0;owned" in text
+        assert not _CLEAN.search(text.replace("\n", "").replace("\t", ""))
+
+
+def test_i21_5_no_task_prints_around_the_neutraliser() -> None:
+    # every print of the host-facing tasks goes through report.echo (safe_text)
+    tasks = Path(__file__).resolve().parents[1] / "vigil" / "tasks"
+    for name in ("common", "deploy", "group", "runtime", "verify"):
+        source = (tasks / f"{name}.py").read_text()
+        assert not re.search(r"(?<![\w.])print\(", source), name
+        assert "echo(" in source, name
+
+
+def test_i21_5_verify_plain_lines_are_cleaned() -> None:
+    import dataclasses
+    import io
+
+    from tests.test_verify_report import outcome
+    from vigil.verify import report as verify_report
+    from vigil.verify.budgets import Budgets
+
+    o = outcome("lab-cold-ready.jsonl")
+    assert o.state is not None
+    state = dataclasses.replace(o.state, summary=HOSTILE)
+    out = io.StringIO()
+    rep = verify_report.Reporter(out, live=False)
+    rep.note("lab5", HOSTILE)
+    rep.poll("lab5", state, _any_snapshot(), Budgets())
+    assert "\\x1b[2J" in out.getvalue()
+    assert not _CLEAN.search(out.getvalue().replace("\n", ""))
+
+
+def _any_snapshot() -> Any:
+    from vigil.verify import replay
+
+    return replay.load(Path(__file__).resolve().parent / "fixtures" / "traces"
+                       / "lab-cold-ready.jsonl")[1][-1]
+
+
+@given(st.text())
+@settings(max_examples=400, deadline=None)
+def test_i21_5_any_string_comes_out_printable_and_cleaning_it_again_changes_nothing(
+        text: str) -> None:
+    import unicodedata
+
+    from vigil.report import safe_text
+
+    clean = safe_text(text)
+    assert all(c.isprintable() or c in "\t\n" or unicodedata.category(c) == "Zs"
+               for c in clean), ascii(clean)
+    assert safe_text(clean) == clean
+    clean.encode("utf-8")  # never a lone surrogate
+    if not _CLEAN.search(text) and "\r" not in text and text.isascii():
+        assert clean == text  # plain text is left as it was
+
+
+# -- 6. rich markup in host text is shown, never interpreted ------------------------------------
+
+
+def test_i21_6_markup_in_host_text_neither_crashes_nor_styles_the_live_view() -> None:
+    import dataclasses
+    import io
+
+    from tests.test_verify_report import outcome
+    from vigil.verify import report as verify_report
+    from vigil.verify.budgets import Budgets
+
+    o = outcome("lab-cold-ready.jsonl")
+    assert o.state is not None
+    state = dataclasses.replace(o.state, summary="prompt [/INST] [link=file:///x]y[/link] "
+                                                 "[bold red]z :smile:")
+    out = io.StringIO()
+    with verify_report.Reporter(out, live=True) as rep:
+        rep.note("lab5", "said [/INST] and [link=http://evil]click[/link]")
+        rep.poll("lab[/b]5", state, _any_snapshot(), Budgets())
+    text = out.getvalue()
+    assert "said [/INST] and [link=http://evil]click[/link]" in text
+    assert "[bold red]z" in text and ":smile:" in text and "lab[/b]5" in text
+
+
+# -- 7. every report writer accepts any string ------------------------------------------------
+
+
+def _rollout_with(error: str) -> Any:
+    from vigil.deploy import rollout
+    from vigil.report import HostResult
+
+    failed = HostResult("h2", "failed", error=error, verdict="crashed", seconds=1.0)
+    ok = HostResult("h1", "changed", actions=[f"restart: {error}"], seconds=2.0)
+    return rollout.Rollout(serial="1", budget="0", untouched=["h3"],
+                           batches=[rollout.BatchResult(1, ["h1", "h2"], [ok, failed])],
+                           rolled_back=[HostResult("h2", "failed", error=error)])
+
+
+def test_i21_7_junit_of_verify_and_of_the_rollout_is_valid_xml_with_control_characters(
+        tmp_path: Path) -> None:
+    import xml.etree.ElementTree as ET
+
+    from vigil.deploy import rollout
+    from vigil.verify import report as verify_report
+    from vigil.verify.watch import Outcome
+
+    lost = Outcome("lab7", error=HOSTILE, exit_code=1)
+    empty = Outcome("lab8", error="", exit_code=1)  # an empty message is no IndexError
+    path = tmp_path / "verify.xml"
+    verify_report.write_junit(str(path), [lost, empty])
+    err = ET.parse(path).getroot().find(".//error")
+    assert err is not None and "\\x1b]0;owned\\x07" in (err.text or "")
+    rpath = tmp_path / "rollout.xml"
+    rollout.write_junit(str(rpath), _rollout_with(HOSTILE))
+    failure = ET.parse(rpath).getroot().find(".//failure")
+    assert failure is not None and "\\u2028" in (failure.text or "")
+
+
+def test_i21_7_verify_html_reads_a_trace_with_line_separators_after_the_verdict(
+        tmp_path: Path) -> None:
+    import dataclasses
+
+    from tests.test_verify_report import outcome
+    from vigil.verify import html as verify_html
+    from vigil.verify.snapshot import Journal, LogLine
+
+    o = outcome("lab-cold-ready.jsonl")
+    last = _any_snapshot()
+    odd = last.model_copy(update={"time": last.time + 1, "journal": Journal(lines=(
+        LogLine(us=int(last.time * 1e6) + 1, text="after\u2028the\x85verdict \x1b[2J"),))})
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(Path(o.trace or "").read_text() + odd.to_json() + "\n", encoding="utf-8")
+    page = verify_html.outcomes_page([dataclasses.replace(o, trace=str(trace), error=HOSTILE)])
+    verify_html.write(str(tmp_path / "page.html"), page)
+    assert "\\x1b]0;owned\\x07" in page and not _CLEAN.search(page.replace("\n", ""))
+
+
+@given(st.text())
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_i21_7_any_string_makes_valid_junit_html_and_json(text: str) -> None:
+    import json
+    import tempfile
+    import xml.etree.ElementTree as ET
+
+    from vigil.deploy import rollout, rollout_html
+    from vigil.report import safe_text, write_json
+    from vigil.verify import html as verify_html
+    from vigil.verify import report as verify_report
+    from vigil.verify.watch import Outcome
+
+    o = Outcome(text or "h", error=text, exit_code=1)
+    case = ET.fromstring(verify_report.junit_xml([o])).find(".//testcase")
+    assert case is not None and case.get("name") == safe_text(text or "h")
+    error = case.find("error")
+    assert error is not None and (error.text or "") == safe_text(text)
+    ET.fromstring(rollout.junit_xml(_rollout_with(text)))
+    with tempfile.TemporaryDirectory() as tmp:
+        verify_html.write(f"{tmp}/v.html", verify_html.outcomes_page([o]))
+        rollout_html.write_html(f"{tmp}/r.html", _rollout_with(text))
+        write_json(f"{tmp}/r.json", rollout.rollout_json(_rollout_with(text)))
+        assert json.loads(Path(f"{tmp}/r.json").read_text())["failed"] == ["h2"]
+        for page in ("v.html", "r.html"):
+            assert not _CLEAN.search(Path(f"{tmp}/{page}").read_text().replace("\n", ""))

@@ -3,18 +3,59 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
 import time
+import unicodedata
+import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
 from vigil.errors import ConfigError
 
+# Anything but tab, newline and printable ASCII is looked at once (the fast path skips
+# plain ASCII lines, most of a journal).
+_SUSPECT = re.compile(r"[^\t\n\x20-\x7e]")
+
+
+def _shown(match: re.Match[str]) -> str:
+    c = match.group()
+    if c.isprintable() or unicodedata.category(c) == "Zs":  # letters, marks, NBSP
+        return c
+    return c.encode("unicode_escape").decode("ascii")  # \x1b, \r, \x85, \u2028, \udc80
+
+
+def safe_text(text: str) -> str:
+    """Text from a host (a journal line, a unit state, a model name, a file name, a
+    hook's stderr) fit to print to a terminal or put in a report: every character a
+    terminal or parser would act on instead of show (ESC and so CSI/OSC sequences such
+    as a clear, a window title or an OSC 52 clipboard write, BEL, backspace, a lone CR,
+    DEL, C1 controls, U+2028/2029, bidi overrides, zero-width marks, lone surrogates) is
+    written as Python escapes it (``\x1b``); tab and newline stay, CRLF becomes a
+    newline. The result holds only printable characters, tab and newline (so it is also
+    legal XML 1.0 and UTF-8), and cleaning it again changes nothing."""
+    text = str(text)
+    if not _SUSPECT.search(text):
+        return text
+    return _SUSPECT.sub(_shown, text.replace("\r\n", "\n"))
+
+
+def echo(text: object = "", *, file: TextIO | None = None) -> None:
+    """print() for the tasks: what they print holds host text, so it goes out clean."""
+    print(safe_text(str(text)), file=file or sys.stdout)
+
+
+def _lines(text: str) -> list[str]:
+    """Lines at newlines only (after safe_text no other separator is left)."""
+    lines = text.split("\n")
+    return lines[:-1] if len(lines) > 1 and lines[-1] == "" else lines
+
 
 class Log:
-    """Timestamped, host-tagged lines; safe to call from the per-host threads."""
+    """Timestamped, host-tagged lines; safe to call from the per-host threads. Every
+    line is cleaned (``safe_text``): journal lines and hook output reach it raw."""
 
     def __init__(self, stream: TextIO | None = None, width: int = 8) -> None:
         self.stream = stream or sys.stdout
@@ -23,13 +64,15 @@ class Log:
 
     def __call__(self, host: str, message: str) -> None:
         stamp = time.strftime("%H:%M:%S")
-        lines = message.splitlines() or [""]
+        lines = _lines(safe_text(message))
+        host = safe_text(host)
         with self._lock:
             for line in lines:
                 self.stream.write(f"{stamp} {host:<{self.width}} {line}\n")
             self.stream.flush()
 
     def block(self, text: str) -> None:
+        text = safe_text(text)
         with self._lock:
             self.stream.write(text if text.endswith("\n") else text + "\n")
             self.stream.flush()
@@ -73,10 +116,26 @@ def write_text(path: str, text: str) -> None:
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
+        # a lone surrogate in host text must not cost the whole report
+        tmp.write_text(text, encoding="utf-8", errors="backslashreplace")
         tmp.replace(target)
     except OSError as exc:
         raise ConfigError(f"cannot write: {exc.strerror}", file=path) from None
+
+
+def xml_document(root: ET.Element) -> str:
+    """The XML text of a report tree (JUnit), every text and attribute cleaned with
+    safe_text first: XML 1.0 cannot carry most control characters at all, escaped or
+    not, and ElementTree writes them raw, so a journal line with ESC in it would make the
+    whole file unreadable to the CI that parses it."""
+    for el in root.iter():
+        if el.text is not None:
+            el.text = safe_text(el.text)
+        if el.tail is not None:
+            el.tail = safe_text(el.tail)
+        el.attrib = {safe_text(k): safe_text(str(v)) for k, v in el.attrib.items()}
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(root, "unicode") + "\n"
 
 
 def write_json(path: str, payload: Any) -> None:

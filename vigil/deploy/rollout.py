@@ -28,7 +28,7 @@ from vigil.deploy.hooks import Hooks
 from vigil.desired.targets import Target
 from vigil.errors import ConfigError, InternalError, VigilError
 from vigil.exitcodes import ExitCode
-from vigil.report import HostResult, Log, write_text
+from vigil.report import HostResult, Log, write_text, xml_document
 from vigil.transport.ssh import connect
 from vigil.verify.report import outcome_json
 from vigil.verify.watch import Settings as WatchSettings
@@ -377,8 +377,7 @@ def junit_xml(ro: Rollout) -> str:
             case = ET.SubElement(s, "testcase", classname="vigil.deploy.untouched", name=h,
                                  time="0.00")
             ET.SubElement(case, "skipped", message="rollout stopped by the failure budget")
-    ET.indent(suites)
-    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, "unicode") + "\n"
+    return xml_document(suites)
 
 
 def write_junit(path: str, ro: Rollout) -> None:

@@ -11,7 +11,7 @@ import html
 from typing import Any
 
 from vigil.deploy.rollout import Rollout
-from vigil.report import HostResult, write_text
+from vigil.report import HostResult, safe_text, write_text
 from vigil.verify import html as verify_html
 
 WIDTH = verify_html.WIDTH
@@ -22,7 +22,8 @@ STATUS_COLOUR = {"ok": "#1a7f37", "changed": "#1a7f37", "failed": "#cf222e",
 
 
 def _e(text: object) -> str:
-    return html.escape(str(text), quote=True)
+    # control characters (U+2028, ESC, NUL, a lone surrogate) are shown, not written
+    return html.escape(safe_text(str(text)), quote=True)
 
 
 def _bar(r: HostResult, start: float, epoch: float, scale: float, y: float) -> str:

@@ -43,6 +43,7 @@ from vigil.errors import (
     PermissionDeniedError,
     UnreachableError,
 )
+from vigil.report import safe_text
 
 # paramiko logs a failed handshake with a traceback on stderr; vigil reports it as one
 # clear error instead.
@@ -369,7 +370,7 @@ class _Patterns(paramiko.MissingHostKeyPolicy):
 
 
 def _stderr_note(message: str) -> None:
-    sys.stderr.write(message + "\n")
+    sys.stderr.write(safe_text(message) + "\n")  # a host name or key comment is host text
     sys.stderr.flush()
 
 

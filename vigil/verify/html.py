@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from vigil.report import write_text
+from vigil.report import safe_text, write_text
 from vigil.verify import catalog, reducer
 from vigil.verify.budgets import Budgets, HistoryRecord
 from vigil.verify.snapshot import Smoke, Snapshot
@@ -48,7 +48,8 @@ svg text{font:11px system-ui,sans-serif;fill:#1f2328}
 
 
 def _e(text: object) -> str:
-    return html.escape(str(text), quote=True)
+    # control characters (U+2028, ESC, NUL, a lone surrogate) are shown, not written
+    return html.escape(safe_text(str(text)), quote=True)
 
 
 def _mmss(seconds: float) -> str:
@@ -374,8 +375,9 @@ def outcomes_page(outcomes: Sequence[Outcome]) -> str:
     for o in outcomes:
         snaps: list[Snapshot] = []
         if o.trace is not None and Path(o.trace).is_file():
-            snaps = [Snapshot.from_json(line) for line in
-                     Path(o.trace).read_text(encoding="utf-8").splitlines() if line.strip()]
+            # one snapshot a line, at \n only: JSON keeps U+2028 and U+0085 raw in strings
+            text = Path(o.trace).read_text(encoding="utf-8", errors="replace")
+            snaps = [Snapshot.from_json(line) for line in text.split("\n") if line.strip()]
         starts.append(start_of(o, snaps))
     return start_page(starts)
 

@@ -18,8 +18,9 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
-from vigil.report import write_text
+from vigil.report import safe_text, write_text, xml_document
 from vigil.verify import catalog, reducer
 from vigil.verify.budgets import Budgets
 from vigil.verify.snapshot import Snapshot
@@ -58,8 +59,10 @@ class Reporter:
     # -- lifecycle --
     def __enter__(self) -> Reporter:
         if self.live:
-            self._live = Live(self._table(), console=Console(file=self.stream),
-                              refresh_per_second=4, transient=False)
+            # host text is never markup ([/INST], [link=...]) nor emoji codes
+            console = Console(file=self.stream, markup=False, emoji=False, highlight=False)
+            self._live = Live(self._table(), console=console, refresh_per_second=4,
+                              transient=False)
             self._live.__enter__()
         return self
 
@@ -73,7 +76,7 @@ class Reporter:
     def note(self, host: str, message: str) -> None:
         with self._lock:
             if self._live is not None:
-                self._live.console.print(f"{host}: {message}")
+                self._live.console.print(Text(safe_text(f"{host}: {message}")))
             else:
                 self._line(host, message)
 
@@ -102,7 +105,7 @@ class Reporter:
             self.emit(host, message)
             return
         stamp = time.strftime("%H:%M:%S")
-        self.stream.write(f"{stamp} {host:<8} {message}\n")
+        self.stream.write(safe_text(f"{stamp} {host:<8} {message}") + "\n")
         self.stream.flush()
 
     def _table(self) -> Table:
@@ -113,7 +116,8 @@ class Reporter:
         table.add_column("evidence")
         for host in sorted(self._rows):
             phase, verdict, line = self._rows[host]
-            table.add_row(host, phase, verdict, line)
+            # Text, not str: a cell's str would be parsed as rich markup
+            table.add_row(*(Text(safe_text(cell)) for cell in (host, phase, verdict, line)))
         return table
 
 
@@ -192,7 +196,8 @@ def junit_xml(outcomes: list[Outcome]) -> str:
         case = ET.SubElement(suite, "testcase", classname="vigil.verify", name=o.host,
                              time=f"{o.seconds:.2f}")
         if o.error is not None:
-            el = ET.SubElement(case, "error", message=o.error.splitlines()[0], type="error")
+            el = ET.SubElement(case, "error", message=(o.error.splitlines() or [""])[0],
+                               type="error")
             el.text = o.error
         elif o.verdict != "ready" and o.state is not None:
             st = o.state
@@ -201,8 +206,7 @@ def junit_xml(outcomes: list[Outcome]) -> str:
             el.text = "\n".join(x for x in (st.proof, st.summary) if x)
         out = ET.SubElement(case, "system-out")
         out.text = line_for(o.state) if o.state is not None else ""
-    ET.indent(suites)
-    return '<?xml version="1.0" encoding="utf-8"?>\n' + ET.tostring(suites, "unicode") + "\n"
+    return xml_document(suites)
 
 
 def write_junit(path: str, outcomes: list[Outcome]) -> None:
