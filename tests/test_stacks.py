@@ -185,6 +185,9 @@ def uv(monkeypatch: pytest.MonkeyPatch) -> Path:
     path = Path(sys.executable).parent / "uv"
     monkeypatch.setattr(agent, "UV_CANDIDATES", (str(path),))
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    # a home nothing can be written under, as on the lab hosts (/root read-only there)
+    monkeypatch.setenv("HOME", "/proc/1")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     return path
 
 
@@ -198,7 +201,7 @@ def test_agent_install_names_the_requirement_the_index_lacks(tmp_path: Path, whe
             "env_dir": str(env_dir), "python": sys.executable, "installer": installer,
             "requirements": ["vllm==9.9.9"], "remove": [], "find_links": [str(wheels)],
             "index_url": (wheels / "simple").as_uri(), "extra_index_urls": [],
-            "imports": ["vllm"],
+            "imports": ["vllm"], "cache_dir": str(tmp_path / "cache"),
         })
         assert reply["installer"] == installer and not reply["ok"]
         assert reply["missing"] == ["vllm==9.9.9"], reply
@@ -222,12 +225,12 @@ def test_agent_install_with_uv_needs_no_pip_in_the_index(tmp_path: Path, wheels:
         "env_dir": str(env_dir), "python": sys.executable, "installer": "uv",
         "requirements": ["torchvision==0.25.0", "torch==2.10.0"], "remove": [],
         "find_links": [str(wheels)], "index_url": (wheels / "simple").as_uri(),
-        "extra_index_urls": [], "imports": ["torchvision"],
+        "extra_index_urls": [], "imports": ["torchvision"], "cache_dir": str(tmp_path / "c"),
     })
     assert reply["ok"] and reply["installer"] == "uv", reply
     assert "pip" not in reply["packages"], reply["packages"]
     assert pip_check_problems(reply["pip_check"], stack()) == [], reply["pip_check"]
-    subprocess.run([str(uv), "pip", "uninstall", "-q", "--python",
+    subprocess.run([str(uv), "pip", "uninstall", "-q", "--no-cache", "--python",
                     str(env_dir / "bin/python"), "torch"], check=True)
     out = agent.dependency_check(str(env_dir / "bin/python"), str(uv))
     assert "The package `torchvision` requires `torch`, but it's not installed" in out, out

@@ -680,7 +680,8 @@ def dependency_check(python: str, uv: Optional[str]) -> str:
         return run([python, "-m", "pip", "--disable-pip-version-check", "check"],
                    timeout=300)[1]
     if uv:
-        return run([uv, "pip", "check", "--python", python], timeout=300)[1]
+        # no cache: uv's default one is under $HOME, which may be read-only (lab hosts)
+        return run([uv, "pip", "check", "--no-cache", "--python", python], timeout=300)[1]
     return "vigil: no pip in %s and no uv on the host: dependencies not checked" % python
 
 
