@@ -1,9 +1,12 @@
-"""The CI recipes in examples/ run only commands vigil has, with flags it knows.
+"""The CI recipes `vigil init` writes (vigil/scaffold/ci/: GitHub Actions and GitLab CI)
+run only commands vigil has, with flags it knows.
 
-Every `invoke` line of every `run:` step is parsed by Invoke's own parser against
-vigil's task collection (what `invoke` does before it runs anything), and the values of
-the rollout flags go through vigil's own parsers, so a renamed task or flag, or a
-`--serial` vigil would refuse, fails here instead of in someone's pipeline.
+Every `vigil`/`invoke` line of every GitHub `run:` step and GitLab `script:` entry is
+parsed by Invoke's own parser against vigil's task collection (what the command does
+before it runs anything), and the values of the rollout flags go through vigil's own
+parsers, so a renamed task or flag, or a `--serial` vigil would refuse, fails here
+instead of in someone's pipeline. The recipes install vigil from a pin (never a
+vendored checkout) and publish JUnit.
 """
 
 from __future__ import annotations
@@ -18,18 +21,24 @@ from invoke.exceptions import ParseError
 from invoke.parser.context import ParserContext
 from invoke.parser.parser import Parser
 
-import tasks
 from vigil.deploy import hooks, rollout
+from vigil.tasks.collection import ns
 
-EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "examples").glob("*.yml"))
+EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "vigil" / "scaffold" / "ci")
+                  .glob("*.yml"))
 
 
 def run_steps(doc: dict[str, Any]) -> list[str]:
+    """GitHub's jobs.*.steps[].run, or GitLab's script/before_script lists."""
     scripts = []
     for job in (doc.get("jobs") or {}).values():
         for step in job.get("steps") or []:
             if "run" in step:
                 scripts.append(str(step["run"]))
+    for name, job in doc.items():
+        if isinstance(job, dict) and name not in ("jobs", "variables"):
+            for key in ("before_script", "script"):
+                scripts += [str(line) for line in job.get(key) or []]
     return scripts
 
 
@@ -40,13 +49,13 @@ def invoke_commands(script: str) -> list[list[str]]:
     for line in joined.splitlines():
         for part in line.split("&&"):
             words = shlex.split(part, comments=True)
-            if words and words[0].endswith("invoke"):
+            if words and words[0].endswith(("invoke", "vigil")):
                 found.append(words[1:])
     return found
 
 
 def parse(argv: list[str]) -> dict[str, Any]:
-    parser = Parser(initial=ParserContext(), contexts=tasks.ns.to_contexts())
+    parser = Parser(initial=ParserContext(), contexts=ns.to_contexts())
     result = parser.parse_argv(argv)
     assert len(result) == 2, f"one task per command: {argv}"
     task = result[1]
@@ -70,8 +79,14 @@ def test_every_invoke_command_exists_with_its_flags(path: Path) -> None:
             rollout.parse_budget(args["max-fail"])
         hooks.Hooks.parse(args.get("before-stop"), args.get("after-ready"))
     rolls = [a for a in parsed if a["task"] == "deploy" and a.get("serial")]
-    assert rolls and all(a.get("junit") and a.get("json") for a in rolls)  # published
+    assert rolls and all(a.get("junit") for a in rolls)  # published
     assert any(a["task"] == "verify" for a in parsed)
+    text = path.read_text()
+    assert 'pip install -q "vigil==$VIGIL_VERSION"' in text or \
+        'pip install "vigil==$VIGIL_VERSION"' in text  # from a pin, not a vendored checkout
+    assert "{vigil_version}" in text  # vigil init writes its own version there
+    if "jobs" in doc:  # GitHub: a stock runner's Python, the reports published
+        assert "actions/setup-python@" in text and "action-junit-report@" in text
 
 
 def test_the_checker_catches_a_wrong_flag_and_a_wrong_task() -> None:
