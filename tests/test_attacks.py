@@ -1386,3 +1386,23 @@ def test_i21_7_any_string_makes_valid_junit_html_and_json(text: str) -> None:
         assert json.loads(Path(f"{tmp}/r.json").read_text())["failed"] == ["h2"]
         for page in ("v.html", "r.html"):
             assert not _CLEAN.search(Path(f"{tmp}/{page}").read_text().replace("\n", ""))
+
+
+@given(st.text())
+@settings(max_examples=150, deadline=None)
+def test_i21_7_any_string_makes_one_clean_annotation_and_table_row_for_a_pipeline(
+        text: str) -> None:
+    import tempfile
+
+    from vigil.report import HostResult
+    from vigil.tasks import pipeline
+
+    rows = pipeline.deploy_rows([HostResult(f"h{text}", "failed", error=f"e{text}")])
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": f"{tmp}/summary.md"}
+        printed = pipeline.report("deploy", rows, env)
+        table = Path(f"{tmp}/summary.md").read_text(encoding="utf-8")
+    assert printed.count("\n") == 0 and printed.startswith("::error title=")
+    assert not _CLEAN.search(printed)
+    row = table.splitlines()[4]
+    assert row.startswith("| h") and not _CLEAN.search(table.replace("\n", ""))

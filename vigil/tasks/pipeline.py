@@ -7,14 +7,11 @@ stdout, JUnit with --junit).
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from vigil.report import HostResult
+from vigil.report import HostResult, safe_text
 from vigil.verify.watch import Outcome
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 @dataclass(frozen=True)
@@ -50,13 +47,14 @@ def verify_rows(outcomes: Iterable[Outcome]) -> list[Row]:
 
 
 def _cell(text: str) -> str:
-    return _CONTROL.sub(" ", text).replace("|", "\\|")
+    # safe_text as everywhere (bidi overrides, lone surrogates too); one line a row
+    return safe_text(text).replace("\n", " ").replace("|", "\\|")
 
 
 def _message(text: str) -> str:
-    """A workflow command's data: GitHub's own escapes, then no other control char."""
+    """A workflow command's data: GitHub's own escapes, then vigil's (safe_text)."""
     escaped = text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-    return _CONTROL.sub(" ", escaped)
+    return safe_text(escaped)
 
 
 def _property(text: str) -> str:
