@@ -46,11 +46,22 @@ class VigilProgram(Program):
 
     def run(self, argv: list[str] | None = None, exit: bool = True) -> None:
         try:
-            super().run(argv, exit)
+            super().run(help_first(list(sys.argv if argv is None else argv)), exit)
         except SystemExit as done:
             if self.usage_error:
                 raise SystemExit(int(ExitCode.BAD_INPUT)) from None
             raise done
+
+
+def help_first(argv: list[str]) -> list[str]:
+    """`vigil TASK ... --help` (or -h) is `vigil --help TASK`: Invoke would otherwise hand
+    --help to a positional argument still unfilled (`replay --help`: cannot read --help)
+    or to a flag's value."""
+    names = set(ns.task_names)
+    task = next((i for i, word in enumerate(argv[1:], 1) if word in names), None)
+    if task is not None and any(w in ("--help", "-h") for w in argv[task + 1:]):
+        return [argv[0], "--help", argv[task]]
+    return argv
 
 
 program = VigilProgram(namespace=ns, name="vigil", binary="vigil", version=__version__)

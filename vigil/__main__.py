@@ -1,0 +1,5 @@
+"""`python -m vigil`: the `vigil` command."""
+
+from vigil.cli import main
+
+main()
