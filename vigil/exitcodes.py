@@ -1,7 +1,9 @@
-"""Documented exit codes, shared by every task (README lists them)."""
+"""Documented exit codes, shared by every task (docs/reference/exit-codes.md, generated
+from MEANING by docs/generate.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import IntEnum
 
 
@@ -14,3 +16,19 @@ class ExitCode(IntEnum):
     TIMED_OUT = 5  # verify: past the hard cap (or 3x a budget learned from history)
     STOPPED = 6  # verify: someone stopped or restarted the unit during the watch
     ROLLOUT_STOPPED = 7  # deploy --serial: past the failure budget; later batches untouched
+
+
+# What each code means to the person who ran the task (the reference page's table).
+MEANING: Mapping[ExitCode, str] = {
+    ExitCode.OK: "deploy: every host `ok` or `changed`; verify: ready",
+    ExitCode.FAILED: "a host failed (unreachable, permission denied, install or start failed)",
+    ExitCode.BAD_INPUT: "bad input (inventory, profile, stack, template, flag or config) or a "
+    "refusal (preflight's facts make the deploy impossible); nothing was touched — in every "
+    "task",
+    ExitCode.CRASHED: "verify: crashed",
+    ExitCode.STALLED: "verify: stalled",
+    ExitCode.TIMED_OUT: "verify: timed out",
+    ExitCode.STOPPED: "verify: stopped (the unit was stopped or restarted by someone else)",
+    ExitCode.ROLLOUT_STOPPED: "deploy `--serial`/`--max-fail`: the rollout stopped past the "
+    "failure budget; later hosts untouched",
+}
