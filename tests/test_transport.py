@@ -190,3 +190,40 @@ def test_an_agent_cut_short_on_stdin_is_one_clear_error() -> None:
                           text=True, timeout=60)
     assert proc.returncode == 1 and proc.stderr.strip() == \
         "vigil: the agent was cut short on stdin", proc.stderr
+
+
+@pytest.mark.lab
+def test_a_proxyjump_hop_from_ssh_config_is_host_key_checked_like_the_host(
+    lab_hosts: list[lab.HostStatus], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """~/.ssh/config sends the connection to lab2 through lab1 (ProxyJump, by the name
+    `localhost`, whose key no known_hosts file has): refused naming the hop, before the
+    host itself is reached; once the hop's key is known, the command runs on lab2 through
+    it. (Fabric's own gateway connection would accept any hop key.)"""
+    hop_port = lab.host_port(1)
+    ssh = tmp_path / ".ssh"
+    ssh.mkdir()
+    (ssh / "config").write_text(
+        f"Host 127.0.0.1\n  ProxyJump root@localhost:{hop_port}\n"
+        f"Host localhost\n  IdentityFile {lab.key_path()}\n  IdentitiesOnly yes\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    known = tmp_path / "known_hosts"
+    known.write_text(lab.known_hosts_path().read_text())  # lab1 as 127.0.0.1, not localhost
+    t = connect(HOST, lab_vars(known_hosts=str(known)))
+    try:
+        with pytest.raises(UnreachableError) as err:
+            t.run("true")
+    finally:
+        t.close()
+    message = str(err.value)
+    assert f"host key of ProxyJump hop localhost:{hop_port} ([localhost]:{hop_port})" in message
+    assert "is unknown" in message and "ssh-keyscan" in message, message
+    # the hop's key under the name the hop is reached by (lab hosts share one key)
+    line = next(ln for ln in known.read_text().splitlines()
+                if ln.startswith(f"[127.0.0.1]:{hop_port} "))
+    known.write_text(known.read_text() + line.replace("[127.0.0.1]", "[localhost]", 1) + "\n")
+    t = connect(HOST, lab_vars(known_hosts=str(known)))
+    try:
+        assert t.run("hostname").stdout.strip() == HOST
+    finally:
+        t.close()

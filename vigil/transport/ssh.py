@@ -239,10 +239,26 @@ def fingerprint(key: paramiko.PKey) -> str:
 
 
 class _KeyRefused(paramiko.SSHException):
-    def __init__(self, key: paramiko.PKey, why: str) -> None:
+    def __init__(self, key: paramiko.PKey, why: str, hop: str | None = None) -> None:
         super().__init__(why)
         self.key = key
         self.why = why
+        self.hop = hop  # a ProxyJump hop's name, when the refused key is the hop's
+
+
+class _Hop(paramiko.MissingHostKeyPolicy):
+    """A hop's policy: the host's, with a refusal that names the hop."""
+
+    def __init__(self, then: paramiko.MissingHostKeyPolicy, hop: str) -> None:
+        self.then = then
+        self.hop = hop
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
+                         key: paramiko.PKey) -> None:
+        try:
+            self.then.missing_host_key(client, hostname, key)
+        except _KeyRefused as exc:
+            raise _KeyRefused(exc.key, exc.why, f"{self.hop} ({hostname})") from None
 
 
 class _Strict(paramiko.MissingHostKeyPolicy):
@@ -402,7 +418,29 @@ class SSHTransport(Closing):
         self.known = KnownHosts()
         if host.host_key_fingerprints:
             client.set_missing_host_key_policy(_Pinned(host.host_key_fingerprints))
+            self._check_hops(host, note)
             return
+        self._check_keys(client, host, note)
+        self._check_hops(host, note)
+
+    def _check_hops(self, host: HostVars, note: Callable[[str], None] | None) -> None:
+        """Every ProxyJump hop ~/.ssh/config puts in front of the host is checked like a
+        host (Fabric's own gateway connection would accept any key): its key must be in
+        the same known_hosts files; accept-new records a new one there too."""
+        from fabric import Connection
+
+        hop = self.conn.gateway
+        while isinstance(hop, Connection):
+            # no pins for a hop: the pins are the target's own key
+            self._check_keys(hop.client, host.model_copy(update={"host_key_fingerprints": []}),
+                             note, hop=str(hop.original_host))
+            hop.connect_timeout = host.connect_timeout_s
+            hop = hop.gateway
+
+    def _check_keys(self, client: paramiko.SSHClient, host: HostVars,
+                    note: Callable[[str], None] | None, hop: str | None = None) -> None:
+        name = self.name
+        known = KnownHosts() if hop else self.known
         inventory_file: Path | None = None
         if host.known_hosts:
             inventory_file = Path(host.known_hosts).expanduser()
@@ -424,13 +462,15 @@ class SSHTransport(Closing):
                 text = path.read_text(errors="replace")
             except OSError:
                 continue
-            self.key_files.append(path)
-            load_known_hosts(text, client.get_host_keys(), path, self.known)
+            if not hop:
+                self.key_files.append(path)
+            load_known_hosts(text, client.get_host_keys(), path, known)
         unknown: paramiko.MissingHostKeyPolicy = _Strict()
         if host.host_key == "accept-new":
             assert inventory_file is not None  # the inventory defaults it
             unknown = _AcceptNew(inventory_file, note or _stderr_note)
-        client.set_missing_host_key_policy(_Patterns(self.known, unknown))
+        policy: paramiko.MissingHostKeyPolicy = _Patterns(known, unknown)
+        client.set_missing_host_key_policy(_Hop(policy, hop) if hop else policy)
 
     def _where(self) -> str:
         return f"{self.host.ssh_user}@{self.host.address}:{self.host.ssh_port}"
@@ -464,6 +504,17 @@ class SSHTransport(Closing):
         except _KeyRefused as exc:
             self.conn.close()
             seen = f"{exc.key.get_name()} {fingerprint(exc.key)}"
+            if exc.hop:
+                raise UnreachableError(
+                    self.name, f"host key of ProxyJump hop {exc.hop} on the way to "
+                    f"{self._where()} ({seen}) is {exc.why.partition(':')[0]}: in none of "
+                    f"{self._searched()}" if exc.why == "unknown" else
+                    f"host key of ProxyJump hop {exc.hop} on the way to {self._where()} "
+                    f"({seen}) is refused: {exc.why}",
+                    fix="a hop is checked like a host: after verifying it, add its key "
+                    "to ~/.ssh/known_hosts or the inventory's known_hosts (ssh-keyscan), "
+                    "or trust on first use with host_key: accept-new",
+                ) from None
             if exc.why == "not pinned":
                 raise UnreachableError(
                     self.name, f"host key of {self._where()} ({seen}) is not one of "
