@@ -216,7 +216,8 @@ def test_a_proxyjump_hop_from_ssh_config_is_host_key_checked_like_the_host(
     finally:
         t.close()
     message = str(err.value)
-    assert f"host key of ProxyJump hop localhost:{hop_port} ([localhost]:{hop_port})" in message
+    hop = f"root@localhost:{hop_port} ([localhost]:{hop_port})"
+    assert f"host key of ProxyJump hop {hop}" in message
     assert "is unknown" in message and "ssh-keyscan" in message, message
     # the hop's key under the name the hop is reached by (lab hosts share one key)
     line = next(ln for ln in known.read_text().splitlines()

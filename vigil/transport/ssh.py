@@ -433,7 +433,7 @@ class SSHTransport(Closing):
         while isinstance(hop, Connection):
             # no pins for a hop: the pins are the target's own key
             self._check_keys(hop.client, host.model_copy(update={"host_key_fingerprints": []}),
-                             note, hop=str(hop.original_host))
+                             note, hop=f"{hop.user}@{hop.host}:{hop.port}")
             hop.connect_timeout = host.connect_timeout_s
             hop = hop.gateway
 
