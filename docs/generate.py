@@ -237,6 +237,10 @@ PAGES: tuple[tuple[str, str], ...] = (
 )
 
 
+class StaleDocs(Exception):
+    """The generator's own prose names something the code no longer has."""
+
+
 # -- values and types ------------------------------------------------------------------
 
 def code(text: object) -> str:
@@ -360,7 +364,7 @@ def notes_for(model: type[BaseModel]) -> Mapping[str, str]:
     notes = NOTES.get(model, {})
     stale = sorted(set(notes) - set(model.model_fields))
     if stale:
-        raise SystemExit(f"docs/generate.py: NOTES names {', '.join(stale)}, not fields of "
+        raise StaleDocs(f"docs/generate.py: NOTES names {', '.join(stale)}, not fields of "
                          f"{model.__name__} (any more): update NOTES")
     return notes
 
@@ -638,7 +642,7 @@ def tasks_page() -> str:
 def settings_page() -> str:
     stale = sorted(set(SETTINGS) - set(project.DEFAULTS))
     if stale:
-        raise SystemExit(f"docs/generate.py: SETTINGS names {', '.join(stale)}, not settings "
+        raise StaleDocs(f"docs/generate.py: SETTINGS names {', '.join(stale)}, not settings "
                          "(any more): update SETTINGS")
     lines = [
         BANNER, "# Settings (vigil.yaml)", "",
@@ -771,7 +775,7 @@ def causes_page() -> str:
 def exit_codes_page() -> str:
     missing = [c.name for c in ExitCode if c not in MEANING]
     if missing:
-        raise SystemExit(f"docs/generate.py: vigil/exitcodes.py MEANING lacks {missing}")
+        raise StaleDocs(f"docs/generate.py: vigil/exitcodes.py MEANING lacks {missing}")
     lines = [
         BANNER, "# Exit codes", "",
         "Every task exits with one of these (vigil/exitcodes.py):", "",
@@ -848,7 +852,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="write nothing; exit 1 naming each page that differs")
     args = parser.parse_args(argv)
     drifted = []
-    generated = pages()
+    try:
+        generated = pages()
+    except StaleDocs as exc:
+        print(exc, file=sys.stderr)
+        return 2
     for rel, text in generated.items():
         path = ROOT / rel
         if path.is_file() and path.read_text() == text:
