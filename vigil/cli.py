@@ -5,6 +5,7 @@ the closest task."""
 from __future__ import annotations
 
 import difflib
+import os
 import re
 import sys
 from typing import Any
@@ -68,4 +69,10 @@ program = VigilProgram(namespace=ns, name="vigil", binary="vigil", version=__ver
 
 
 def main() -> None:
-    program.run(sys.argv)
+    try:
+        program.run(sys.argv)
+    except BrokenPipeError:
+        # `vigil render ... | head`: the reader left; say nothing more, as cat does
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        sys.exit(1)
