@@ -142,7 +142,7 @@ def arch_problems(host: str, stack: Stack, gpus: Sequence[Gpu],
             f"{package} {version}{cuda}{where} has kernels up to {_newest(listed)} "
             f"({' '.join(listed)})",
             fix=f"pin a {package} build that carries {'/'.join(sms)} (for sm_100/sm_120: a "
-                f"cu128+ build) in inventory/stacks/{stack.name}.yml",
+                f"cu128+ build) in stacks/{stack.name}.yml of the inventory",
         ))
     return out
 

@@ -63,7 +63,8 @@ def problems(
     if facts.model.present is False:
         out.append(RefusedError(
             f"{host_name}: model directory {profile.path} does not exist",
-            fix="copy the weights there first, or fix `model:` in the profile",
+            fix=f"copy the weights there first, or fix `path:` in models/{profile.name}.yml "
+            "(or --set path=DIR)",
         ))
     missing = facts.model.weights.get("missing") or []
     if missing:

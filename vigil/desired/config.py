@@ -6,6 +6,7 @@ Every model forbids unknown keys so a typo is an error, not a silently ignored k
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Annotated, Literal
 
@@ -32,6 +33,26 @@ SafeText = Annotated[str, Field(pattern=_SAFE_TEXT.pattern)]
 # One pattern for every name that becomes part of a path on a host or here (host,
 # profile, stack, role): no '/', no leading '.', so never '..' nor a hidden file.
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+# The phases verify watches, by name, for phase_budget_s and stall_window_s. The phase
+# catalog (vigil.verify.catalog) is the source; it lives above this layer, so the names
+# are repeated here and tests/test_inventory.py holds the two equal.
+WATCHED_PHASES: tuple[str, ...] = ("bootstrap", "engine_init", "distributed_init",
+                                   "loading_weights", "compiling", "kv_cache",
+                                   "capturing_graphs", "api_starting")
+
+
+def unknown_phase(phases: object) -> str | None:
+    """The first name of a phase_budget_s or stall_window_s mapping that verify does not
+    watch, or None."""
+    if isinstance(phases, dict):
+        return next((str(n) for n in phases if n not in WATCHED_PHASES), None)
+    return None
+
+
+def phase_error(name: str) -> str:
+    close = difflib.get_close_matches(name, WATCHED_PHASES, n=1)
+    return f"no watched phase named {name!r}" + (f" - did you mean {close[0]!r}?" if close
+                                                  else "")
 
 
 def _abs_path(v: str) -> str:
@@ -143,6 +164,15 @@ class HostVars(Strict):
     gpu_refuse_xids: list[Annotated[int, Field(ge=1)]] = Field(
         default_factory=lambda: [48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140])
     gpu_xid_window_h: float = Field(24.0, gt=0, le=168)
+
+    @field_validator("phase_budget_s", "stall_window_s")
+    @classmethod
+    def _phases(cls, v: dict[str, float]) -> dict[str, float]:
+        # every task refuses a misspelled phase, not only the ones that watch a start
+        bad = unknown_phase(v)
+        if bad is not None:
+            raise ValueError(f"{phase_error(bad)} (use one of: {', '.join(WATCHED_PHASES)})")
+        return v
 
     @field_validator("service")
     @classmethod

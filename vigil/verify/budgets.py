@@ -40,7 +40,7 @@ def phase_defaults(
     for key, given in (("phase_budget_s", budget_s), ("stall_window_s", stall_s)):
         unknown = sorted(set(given) - set(WATCHED_PHASES))
         if unknown:
-            raise ConfigError(f"{key}: no watched phase named {unknown[0]!r}", key=key,
+            raise ConfigError(f"no watched phase named {unknown[0]!r}", key=key,
                               fix="use one of: " + ", ".join(WATCHED_PHASES))
     return ({**DEFAULT_PHASE_S, **budget_s}, {**DEFAULT_STALL_S, **stall_s})
 
