@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from vigil.desired import inventory
+from vigil.desired.ansible import MAX_RANGE, expand_range
 from vigil.desired.config import NAME, HostVars
 from vigil.desired.render import env_quote, redact_env_text, systemd_quote
 from vigil.errors import ConfigError
@@ -254,10 +255,10 @@ HOSTS_FILE = st.fixed_dictionaries({
                   "vars": st.dictionaries(KEYS, YAML_VALUE, max_size=3)}), max_size=2)})
 
 
-def _load_all(hosts_yml: str) -> None:
+def _load_all(hosts_yml: str, name: str = "hosts.yml") -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        (root / "hosts.yml").write_text(hosts_yml)
+        (root / name).write_text(hosts_yml)
         try:
             inv = inventory.load(root)
             for name in inv.hosts:
@@ -280,6 +281,101 @@ def test_any_hosts_file_loads_or_gives_one_clear_error(data: dict[str, Any]) -> 
 @given(st.text())
 def test_any_text_as_hosts_yml_loads_or_gives_one_clear_error(text: str) -> None:
     _load_all(text)
+
+
+# Ansible's shapes (issue 22): INI lines and all:/children:/hosts:/vars: trees, both
+# made of the pieces a real one has, so most examples get past the first check.
+INI_LINE = st.sampled_from([
+    "[gpu]", "[gpu:vars]", "[gpu:children]", "[all:vars]", "[fleet:children]", "gpu",
+    "h1", "h[1:3] ansible_port=2222", "h[01:03]", "h[a:c] ansible_become=yes",
+    "h2 ansible_host=10.0.0.2 port=8001", "port=8000", "ansible_user = root  # c",
+    "gpu={'kind': 'x', 'count': 1, 'memory_gib': 9}", "sudo=maybe", "[bad", "h3 x='open",
+    "ansible_group_priority=2", "; comment", "h[5:1]", "[x:bogus]", "rack=4",
+]) | st.text(max_size=20)
+GROUP_NAME = st.sampled_from(["all", "gpu", "fleet", "ungrouped", "h1"]) | st.text(max_size=6)
+HOST_VARS = st.none() | st.dictionaries(
+    st.sampled_from(["ansible_host", "ansible_port", "ansible_user", "ansible_become",
+                     "address", "port", "rack", "ansible_python_interpreter"]),
+    YAML_VALUE, max_size=3)
+GROUP = st.recursive(
+    st.none() | st.fixed_dictionaries({}, optional={
+        "hosts": st.dictionaries(st.sampled_from(["h1", "h[1:2]", "h[a:b]", "g[0:9:4]"])
+                                 | st.text(max_size=6), HOST_VARS, max_size=3),
+        "vars": st.dictionaries(KEYS, YAML_VALUE, max_size=2)}),
+    lambda inner: st.fixed_dictionaries({}, optional={
+        "children": st.dictionaries(GROUP_NAME, inner, max_size=2),
+        "hosts": st.dictionaries(st.sampled_from(["h1", "h2"]), HOST_VARS, max_size=2)}),
+    max_leaves=6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(INI_LINE, max_size=12))
+def test_any_ini_inventory_loads_or_gives_one_clear_error(lines: list[str]) -> None:
+    _load_all("\n".join(lines), "hosts.ini")
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.dictionaries(GROUP_NAME, GROUP, min_size=1, max_size=3))
+def test_any_ansible_yaml_inventory_loads_or_gives_one_clear_error(
+        data: dict[str, Any]) -> None:
+    _load_all(yaml.safe_dump(data, allow_unicode=True))
+
+
+@FAST
+@given(st.text(st.sampled_from("ab-"), max_size=3), st.integers(0, 300),
+       st.integers(0, 300), st.integers(1, 4), st.booleans(),
+       st.text(st.sampled_from("xy.-"), max_size=3))
+def test_a_numeric_host_range_is_every_number_in_order_at_its_width(
+        prefix: str, a: int, b: int, step: int, padded: bool, suffix: str) -> None:
+    first, last = min(a, b), max(a, b)
+    width = len(str(last)) + 1 if padded else 0  # a leading zero: every name that wide
+    beg, end = (str(first).zfill(width), str(last).zfill(width)) if padded else \
+        (str(first), str(last))
+    names = expand_range(f"{prefix}[{beg}:{end}:{step}]{suffix}")
+    numbers = list(range(first, last + 1, step))
+    assert names == [f"{prefix}{str(n).zfill(width)}{suffix}" for n in numbers]
+    assert len(set(names)) == len(names)
+    assert all("[" not in n and "]" not in n for n in names)
+
+
+@FAST
+@given(st.text(max_size=30))
+def test_a_host_range_expands_or_says_why_and_a_plain_name_is_itself(text: str) -> None:
+    try:
+        names = expand_range(text)
+    except ValueError as exc:
+        assert str(exc)
+        return
+    assert 1 <= len(names) <= MAX_RANGE
+    if "[" not in text and "]" not in text:
+        assert names == [text]
+
+
+PATTERN = st.lists(st.sampled_from(["gpu", "fleet", "h1", "h2", "h3", "all", "*", "h*",
+                                    "~h[12]", "h[1:2]", "nope", "!gpu", "&fleet", "!h3",
+                                    "&h*", "!nope", "[", "~("])
+                   | st.text(st.sampled_from("abgh123*?-."), max_size=5),
+                   max_size=4)
+
+
+@FAST
+@given(PATTERN, st.sampled_from([",", ":"]))
+def test_a_hosts_pattern_selects_inventory_hosts_once_or_says_why(
+        items: list[str], sep: str) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "hosts.ini").write_text("[gpu]\nh[1:2]\n[fleet:children]\ngpu\n"
+                                             "[other]\nh3\n")
+        inv = inventory.load(tmp)
+        try:
+            chosen = inv.select(sep.join(items))
+        except ConfigError as exc:
+            assert str(exc)
+            return
+        assert chosen and len(set(chosen)) == len(chosen)
+        assert set(chosen) <= set(inv.hosts)
+        for item in items:  # an exclusion always holds
+            if item.startswith("!") and item[1:] in inv.groups:
+                assert not set(chosen) & set(inv.groups[item[1:]])
 
 
 @FAST

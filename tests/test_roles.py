@@ -57,9 +57,9 @@ def test_precedence_role_defaults_all_group_host_set(inv_dir: Path) -> None:
     (inv_dir / "host_vars" / "llm-one.yml").write_text("restart_sec: 60\n")
     inv = inventory.load(inv_dir, USER_ROLES)
     one, two = inv.resolve("llm-one"), inv.resolve("llm-two")
-    assert (two.vars.restart_sec, two.origin["restart_sec"]) == (50, "group blackwell8")
+    assert (two.vars.restart_sec, two.origin["restart_sec"]) == (50, "group_vars/blackwell8.yml")
     assert (one.vars.restart_sec, one.origin["restart_sec"]) == (60, "host_vars/llm-one.yml")
-    assert (one.vars.keep_envs, one.origin["keep_envs"]) == (1, "group_vars/all")
+    assert (one.vars.keep_envs, one.origin["keep_envs"]) == (1, "group_vars/all.yml")
     flagged = inv.resolve("llm-one", {"restart_sec": 70})
     assert (flagged.vars.restart_sec, flagged.origin["restart_sec"]) == (70, "--set")
 
@@ -223,7 +223,7 @@ def test_role_variable_in_group_vars_is_accepted_and_typo_is_not(inv_dir: Path) 
     inv = inventory.load(inv_dir, USER_ROLES)
     (t,) = resolve(inv, "llm-one", model="glm-5", operator_env=ENV, sets=[WITH_ROLE])
     assert t.role_vars["health_log_interval"] == "5min"
-    assert t.origin["health_log_interval"] == "group_vars/all"
+    assert t.origin["health_log_interval"] == "group_vars/all.yml"
     (inv_dir / "group_vars" / "all.yml").write_text("health_log_intervl: 5min\n")
     with pytest.raises(ConfigError, match="did you mean 'health_log_interval'"):
         inventory.load(inv_dir, USER_ROLES)

@@ -1,46 +1,127 @@
 """Load the inventory directory and resolve each host's variables.
 
-Layout (paths relative to the inventory directory)::
+Layout (paths relative to the inventory directory; ``.yml`` or ``.yaml`` alike)::
 
-    hosts.yml              hosts (with inline vars) and groups
-    hosts.d/*.yml          more hosts and groups, same shape (the lab writes one)
+    hosts.yml              hosts and groups: vigil's hosts:/groups:, or Ansible's YAML
+                           (all:/children:/hosts:/vars:); or hosts.ini / hosts (INI)
+    hosts.d/*              more hosts files of either kind (the lab writes one)
     group_vars/all.yml     variables of every host
-    group_vars/<group>.yml variables of a group
-    host_vars/<host>.yml   variables of one host
+    group_vars/<group>.yml variables of a group; or a folder group_vars/<group>/ whose
+                           files merge in name order
+    host_vars/<host>.yml   variables of one host (or a folder, as above)
     models/<name>.yml      model profiles
     stacks/<name>.yml      pinned runtimes
+    node_groups/<name>.yml multi-node groups (vigil.desired.groups)
 
-Merge order, lowest first: role defaults (``roles/<name>/defaults.yml``) < all < group
-(in the order groups are declared) < host file < inline host vars < ``--set`` flags.
-Dicts merge key by key; everything else replaces. Relative paths in ``ssh_key`` and
+``--inventory`` may also name one hosts file (``inventory.ini``): its folder is then the
+inventory. Two files for one thing (hosts.yml and hosts.yaml, group_vars/g.yml and
+group_vars/g/) are an error; a file vigil does not read is a warning naming it (hidden
+files and Ansible's ignored extensions, ``.md``, ``.bak``, ``~`` …, are passed over).
+
+Merge order, lowest first, as Ansible's: role defaults (``roles/<name>/defaults.yml``)
+< the hosts file's variables of all < of the host's groups < ``group_vars/all`` <
+``group_vars/<group>`` (groups in declaration order; Ansible's by depth, priority, name)
+< the hosts file's inline host variables < ``host_vars/<host>`` < ``--set`` flags. Dicts
+merge key by key, and each key keeps the file it came from; everything else replaces.
+Ansible's ``ansible_host``, ``ansible_user``, ``ansible_port``, ``ansible_become``,
+``ansible_ssh_private_key_file`` and ``ansible_connection`` are vigil's address,
+ssh_user, ssh_port, sudo, ssh_key and connection. Relative paths in ``ssh_key`` and
 ``known_hosts`` resolve against the inventory directory so an inventory works from any
 working directory.
 """
 
 from __future__ import annotations
 
-import difflib
+import fnmatch
 import os
+import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vigil.desired import ansible
 from vigil.desired import roles as roles_mod
-from vigil.desired.config import NAME, HostsFile, HostVars, ModelProfile, Stack
-from vigil.desired.yamlfile import M, parse_model, read_yaml, validation_error
+from vigil.desired.ansible import Parsed
+from vigil.desired.config import (
+    NAME,
+    WATCHED_PHASES,
+    HostsFile,
+    HostVars,
+    ModelProfile,
+    Stack,
+    check_name,
+    phase_error,
+    unknown_phase,
+)
+from vigil.desired.yamlfile import M, parse_model, parse_traced, read_yaml, validation_error
 from vigil.errors import ConfigError
 
-__all__ = ["Inventory", "Resolved", "load", "parse_model", "read_yaml", "validation_error"]
+__all__ = ["Inventory", "Layer", "Resolved", "load", "merge", "parse_model", "read_yaml",
+           "validation_error"]
+
+HOSTS_FILES = ("hosts.yml", "hosts.yaml", "hosts.ini", "hosts")
+_YAML = (".yml", ".yaml")
+_VARS = (*_YAML, ".json")  # Ansible's vars files; YAML reads JSON
+# Ansible's inventory_ignore_extensions: never inventory, never warned about
+_IGNORED = (".md", ".txt", ".rst", ".bak", ".orig", ".swp", ".retry", ".pyc", ".pyo",
+            ".rpm", "~")
+_KNOWN_DIRS = {"hosts.d", "group_vars", "host_vars", "models", "stacks", "node_groups"}
+_BOOLS = frozenset(k for k, f in HostVars.model_fields.items() if f.annotation is bool)
+_TERM = re.compile(r"(?:[^:\[\]]|\[[^\]]*\])+")
+CLOSE = 0.8  # a foreign key this close to a vigil key is a typo, not a playbook's variable
 
 
-def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+def split_pattern(pattern: str) -> list[str]:
+    """A --hosts pattern's terms: split on ',' and on ':' outside brackets (Ansible's
+    split_host_pattern), so 'g:!h' is two terms and 'h100-[01:04]' one."""
+    terms: list[str] = []
+    for part in pattern.split(","):
+        if part.count("[") != part.count("]"):
+            raise ConfigError(f"--hosts {pattern!r}: a bracket without its pair",
+                              fix="write a range as h100-[01:04]")
+        terms += [t.strip() for t in _TERM.findall(part)]
+    return [t for t in terms if t]
+
+
+def merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in top.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value)
+            out[key] = merge(out[key], value)
         else:
             out[key] = value
     return out
+
+
+def _merge_tracked(base: dict[str, Any], top: dict[str, Any], where: str,
+                   origin: dict[str, str], prefix: str = "") -> dict[str, Any]:
+    """merge that records where each key (a dict's keys too, dotted) came from."""
+    out = dict(base)
+    for key, value in top.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge_tracked(out[key], value, where, origin, f"{path}.")
+        else:
+            for stale in [k for k in origin if k.startswith(f"{path}.")]:
+                del origin[stale]
+            out[key] = value
+            if isinstance(value, dict):
+                _merge_tracked({}, value, where, origin, f"{path}.")
+        origin[path] = where
+    return out
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One source of variables: ``where`` is what render shows ("group_vars/all.yml",
+    "hosts.ini: host h1"), ``file`` the full path and ``place`` the spot in it, for
+    errors."""
+
+    where: str
+    data: dict[str, Any]
+    file: str
+    place: str | None = None
 
 
 @dataclass(frozen=True)
@@ -48,7 +129,8 @@ class Resolved:
     vars: HostVars
     role_vars: dict[str, Any]  # variables of user roles, by name
     user_roles: tuple[roles_mod.Role, ...]  # in the order the host lists them
-    origin: dict[str, str]  # variable -> the file (or flag) its value came from
+    # variable -> the file (or flag) its value came from; a dict's keys dotted (env.A)
+    origin: dict[str, str]
 
     def shown(self) -> list[tuple[str, object, str]]:
         """(variable, value, origin) for every variable, for `invoke render`."""
@@ -59,36 +141,83 @@ class Resolved:
 @dataclass(frozen=True)
 class Inventory:
     root: Path
-    hosts: dict[str, dict[str, Any]]  # inline vars per host
-    groups: dict[str, list[str]]  # group -> hosts, declaration order
-    group_vars: dict[str, dict[str, Any]] = field(default_factory=dict)
-    host_files: dict[str, dict[str, Any]] = field(default_factory=dict)
+    hosts: dict[str, dict[str, Any]]  # inline vars per host (merged over its hosts files)
+    groups: dict[str, list[str]]  # group -> hosts, in precedence order
+    group_inline: dict[str, list[Layer]] = field(default_factory=dict)  # "all" included
+    group_files: dict[str, list[Layer]] = field(default_factory=dict)  # group_vars/
+    host_inline: dict[str, list[Layer]] = field(default_factory=dict)
+    host_files: dict[str, list[Layer]] = field(default_factory=dict)  # host_vars/
     roles: dict[str, roles_mod.Role] = field(default_factory=dict)  # roles/<name>/
+    hosts_file: Path | None = None  # the main hosts file, named by errors
+    warnings: tuple[str, ...] = ()  # files and variables vigil does not read
+    ansible: bool = False  # a hosts file is Ansible's: foreign variables are warnings
 
     # -- selection -----------------------------------------------------------
     def select(self, pattern: str) -> list[str]:
-        """Hosts named by a comma list of host names, group names or ``all``."""
+        """Hosts named by a pattern, as Ansible's ``--limit``: names of hosts or groups,
+        ``all`` or ``*``, globs (``h100-*``), ``~regex``, separated by ``,`` or ``:``;
+        ``&g`` keeps only g's hosts, ``!g`` removes them (with only those, from all)."""
+        items = split_pattern(pattern)
+        if not items:
+            raise ConfigError("--hosts is empty", fix="name hosts or groups, or all")
+        plain = [p for p in items if p[0] not in "&!"] or ["all"]
         chosen: list[str] = []
-        for item in (p.strip() for p in pattern.split(",")):
-            if not item:
-                continue
-            if item == "all":
-                names = list(self.hosts)
-            elif item in self.groups:
-                names = self.groups[item]
-            elif item in self.hosts:
-                names = [item]
-            else:
-                known = ", ".join(sorted([*self.hosts, *self.groups])) or "(none)"
-                raise ConfigError(
-                    f"no host or group named {item!r}",
-                    file=str(self.root / "hosts.yml"),
-                    fix=f"use one of: {known}, or all",
-                )
-            chosen.extend(n for n in names if n not in chosen)
+        for item in plain:
+            chosen.extend(h for h in self._match(item, pattern) if h not in chosen)
+        for item in (p[1:] for p in items if p[0] == "&"):
+            keep = set(self._match(item, pattern))
+            chosen = [h for h in chosen if h in keep]
+        for item in (p[1:] for p in items if p[0] == "!"):
+            drop = set(self._match(item, pattern))
+            chosen = [h for h in chosen if h not in drop]
         if not chosen:
-            raise ConfigError(f"--hosts {pattern!r} selects no host", fix="name a host or group")
+            raise ConfigError(f"--hosts {pattern!r} selects no host",
+                              fix="name a host or group; 'g:!h' is g without h, "
+                              "'g:&k' the hosts of both")
         return chosen
+
+    def _match(self, item: str, pattern: str) -> list[str]:
+        if item in ("all", "*"):
+            return list(self.hosts)
+        if item in self.groups:
+            return self.groups[item]
+        if item in self.hosts:
+            return [item]
+        if not item.startswith("~") and ansible.RANGE.search(item):  # h100-[01:04]
+            names = ansible.hosts_of(item, "--hosts", item)
+            missing = [n for n in names if n not in self.hosts]
+            if missing:
+                raise ConfigError(f"--hosts {item!r}: no host named {missing[0]!r}",
+                                  file=self._hosts_path(), fix=self._known_names())
+            return names
+        if item.startswith("~") or any(c in item for c in "*?["):
+            try:
+                rx = re.compile(item[1:]) if item.startswith("~") else \
+                    re.compile(fnmatch.translate(item))
+            except re.error as exc:
+                raise ConfigError(f"--hosts {item!r}: not a regular expression ({exc})",
+                                  fix="e.g. '~h100-0[1-4]'") from None
+            found: list[str] = []
+            for g in (g for g in self.groups if rx.match(g)):
+                found.extend(h for h in self.groups[g] if h not in found)
+            found.extend(h for h in self.hosts if rx.match(h) and h not in found)
+            if found:
+                return found
+            raise ConfigError(f"--hosts {pattern!r}: {item!r} matches no host or group",
+                              file=self._hosts_path(), fix=self._known_names())
+        known = [*self.hosts, *self.groups]
+        raise ConfigError(f"no host or group named {item!r}"
+                          f"{ansible.did_you_mean(item, set(known))}",
+                          file=self._hosts_path(), fix=self._known_names())
+
+    def _hosts_path(self) -> str:
+        return str(self.hosts_file or self.root / "hosts.yml")
+
+    def _known_names(self) -> str:
+        names = sorted([*self.hosts, *self.groups])
+        shown = ", ".join(names[:30]) + (f" (and {len(names) - 30} more)" if len(names) > 30
+                                          else "")
+        return f"use one of: {shown or '(none)'}, or all; patterns as Ansible's: g:!h, g:&k, h*"
 
     def groups_of(self, host: str) -> list[str]:
         return [g for g, members in self.groups.items() if host in members]
@@ -97,35 +226,49 @@ class Inventory:
     def host_vars(self, host: str, flags: dict[str, Any] | None = None) -> HostVars:
         return self.resolve(host, flags).vars
 
+    def sources(self, host: str, flags: dict[str, Any] | None = None) -> list[Layer]:
+        """The host's variable sources, lowest precedence first, without role defaults:
+        Ansible's order (inventory file < group_vars/ < inline host < host_vars/)."""
+        gs = self.groups_of(host)
+        out = [*self.group_inline.get("all", []),
+               *(layer for g in gs for layer in self.group_inline.get(g, [])),
+               *self.group_files.get("all", []),
+               *(layer for g in gs for layer in self.group_files.get(g, [])),
+               *self.host_inline.get(host, []), *self.host_files.get(host, [])]
+        if flags:
+            out.append(Layer("--set", flags, "--set"))
+        return [layer for layer in out if layer.data]
+
     def layers(self, host: str, flags: dict[str, Any] | None = None,
                ) -> list[tuple[str, dict[str, Any]]]:
         """The host's variable sources, lowest precedence first, without role defaults."""
-        out = [("group_vars/all", self.group_vars.get("all", {}))]
-        out += [(f"group {g}", self.group_vars.get(g, {})) for g in self.groups_of(host)]
-        out += [(f"host_vars/{host}.yml", self.host_files.get(host, {})),
-                (f"hosts: {host}", self.hosts[host]), ("--set", flags or {})]
-        return [(where, data) for where, data in out if data]
+        return [(layer.where, layer.data) for layer in self.sources(host, flags)]
 
     def resolve(self, host: str, flags: dict[str, Any] | None = None) -> Resolved:
-        """The host's variables with where each came from: role defaults < group_vars/all
-        < group < host < --set. Variables of user roles are kept apart from HostVars."""
-        layers = self.layers(host, flags)
+        """The host's variables with where each came from (see the module's merge order).
+        Variables of user roles are kept apart from HostVars."""
+        layers = self.sources(host, flags)
         merged: dict[str, Any] = {}
-        for _, data in layers:
-            merged = _merge(merged, data)
+        for layer in layers:
+            merged = merge(merged, layer.data)
         chosen: tuple[str, ...] = ()
         if self.roles:
             chosen = roles_mod.selected(merged.get("roles", list(roles_mod.BUILTIN)),
                                         self.roles, f"variables of host {host}")
             used = [*roles_mod.BUILTIN, *(n for n in chosen if n not in roles_mod.BUILTIN)]
-            layers = [(f"roles/{n}/defaults.yml", dict(self.roles[n].defaults))
-                      for n in used] + layers
+            layers = [Layer(f"roles/{n}/defaults.yml", dict(self.roles[n].defaults),
+                            str(self.roles[n].defaults_file)) for n in used] + layers
+        files = {layer.where: layer.file for layer in layers}
         origin: dict[str, str] = {}
         merged = {}
-        for where, data in layers:
-            for key in data:
-                origin[key] = where
-            merged = _merge(merged, data)
+        for layer in layers:
+            merged = _merge_tracked(merged, layer.data, layer.where, origin)
+        for key in ("phase_budget_s", "stall_window_s"):
+            bad = unknown_phase(merged.get(key))
+            if bad is not None:  # every task refuses it, naming the file that wrote it
+                where = origin.get(f"{key}.{bad}", origin.get(key, ""))
+                raise ConfigError(phase_error(bad), file=files.get(where, where), key=key,
+                                  fix="use one of: " + ", ".join(WATCHED_PHASES))
         if merged.get("host_key") == "accept-new" and not merged.get("known_hosts"):
             # trust on first use writes to the inventory's own file, never ~/.ssh
             merged["known_hosts"] = "known_hosts"
@@ -140,7 +283,8 @@ class Inventory:
                     continue
                 roles_mod.check_value(key, merged[key], default, origin[key])
                 role_vars[key] = merged.pop(key)
-        hv = parse_model(HostVars, merged, f"variables of host {host}")
+        hv = parse_traced(HostVars, merged, f"variables of host {host}",
+                          {k: files.get(v, v) for k, v in origin.items()})
         user_roles = tuple(self.roles[n] for n in chosen if n not in roles_mod.BUILTIN)
         return Resolved(hv, role_vars, user_roles, origin)
 
@@ -149,6 +293,14 @@ class Inventory:
         return {k for r in self.roles.values() if not r.builtin for k in r.defaults}
 
     # -- profiles and stacks --------------------------------------------------
+    def _file(self, kind: str, name: str) -> Path | None:
+        found = [p for p in (self.root / kind / f"{name}{ext}" for ext in _YAML) if p.is_file()]
+        if len(found) > 1:
+            raise ConfigError(f"{kind[:-1]} {name!r} is given twice: {found[0].name} and "
+                              f"{found[1].name}", file=str(found[0].parent),
+                              fix="keep one of the two files")
+        return found[0] if found else None
+
     def _named(self, kind: str, model: type[M], name: str) -> M:
         if not NAME.match(name):
             # --model /some/path or ../../x would read a file outside the inventory
@@ -158,13 +310,13 @@ class Inventory:
                 fix=f"name a file of {self.root / kind} without .yml: one of "
                 f"{', '.join(self.names(kind)) or '(none)'}",
             )
-        path = self.root / kind / f"{name}.yml"
-        if not path.is_file():
-            known = ", ".join(self.names(kind)) or "(none)"
+        path = self._file(kind, name)
+        if path is None:
+            known = self.names(kind)
             raise ConfigError(
-                f"unknown {kind[:-1]} {name!r}",
-                file=str(path.parent),
-                fix=f"use one of: {known}",
+                f"unknown {kind[:-1]} {name!r}{ansible.did_you_mean(name, set(known))}",
+                file=str(self.root / kind),
+                fix=f"use one of: {', '.join(known) or '(none)'}",
             )
         data = read_yaml(path)
         if isinstance(data, dict) and data.get("name", name) != name:
@@ -177,46 +329,90 @@ class Inventory:
         return parse_model(model, data, str(path), **extra)
 
     def names(self, kind: str) -> list[str]:
-        return sorted(p.stem for p in (self.root / kind).glob("*.yml"))
+        return sorted({p.stem for ext in _YAML for p in (self.root / kind).glob(f"*{ext}")})
 
     def profile(self, name: str, overrides: dict[str, Any] | None = None) -> ModelProfile:
         base = self._named("models", ModelProfile, name)
         if not overrides:
             return base
-        merged = _merge(base.model_dump(), overrides)
+        merged = merge(base.model_dump(), overrides)
         return parse_model(ModelProfile, merged, f"profile {name} with host overrides")
 
     def stack(self, name: str) -> Stack:
         return self._named("stacks", Stack, name)
 
 
-def load(root: str | os.PathLike[str],
-         roles_dir: str | os.PathLike[str] | roles_mod.RolesDirs = roles_mod.ROLES_DIR,
-         ) -> Inventory:
-    """Read and validate an inventory directory and the roles (no host is contacted)."""
-    base = Path(root)
-    hosts_file = base / "hosts.yml"
-    if not hosts_file.is_file():
-        raise ConfigError(
-            "inventory has no hosts.yml",
-            file=str(base),
-            fix="point --inventory (or vigil.inventory in invoke.yaml) at an inventory directory",
-        )
-    hosts: dict[str, dict[str, Any]] = {}
-    groups: dict[str, list[str]] = {}
-    group_vars: dict[str, dict[str, Any]] = {}
-    for path in [hosts_file, *sorted((base / "hosts.d").glob("*.yml"))]:
-        parsed = parse_model(HostsFile, read_yaml(path), str(path))
+# -- loading ------------------------------------------------------------------------------
+
+
+@dataclass
+class _Reader:
+    """What load gathers, file by file."""
+
+    base: Path
+    main: Path  # the hosts file
+    hosts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    groups: dict[str, list[str]] = field(default_factory=dict)
+    group_inline: dict[str, list[Layer]] = field(default_factory=dict)
+    host_inline: dict[str, list[Layer]] = field(default_factory=dict)
+    declared: set[str] = field(default_factory=set)  # hosts of vigil's own format
+    warnings: list[str] = field(default_factory=list)
+    ansible: bool = False
+
+    def rel(self, path: Path) -> str:
+        try:
+            return str(path.relative_to(self.base))
+        except ValueError:
+            return str(path)
+
+    def read_hosts_file(self, path: Path) -> None:
+        rel = self.rel(path)
+        if path.suffix in _YAML:
+            data = read_yaml(path)
+            if ansible.is_ansible_yaml(data):
+                self.ansible = True
+                self.add_ansible(ansible.parse_yaml(data, str(path), rel), path)
+            else:
+                self.add_vigil(data, path, rel)
+        else:
+            try:
+                text = path.read_text()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(f"cannot read: {getattr(exc, 'strerror', None) or exc}",
+                                  file=str(path)) from None
+            self.ansible = True
+            self.add_ansible(ansible.parse_ini(text, str(path), rel), path)
+
+    def _host(self, name: str, path: Path) -> None:
+        _name("host", name, path)
+        if name == "all":
+            raise ConfigError("'all' is reserved for every host", file=str(path))
+        self.hosts.setdefault(name, {})
+
+    def add_vigil(self, data: Any, path: Path, rel: str) -> None:
+        data = _expand_vigil(data, str(path))
+        parsed = parse_model(HostsFile, data, str(path))
         for name, inline in parsed.hosts.items():
-            if name in hosts:
-                raise ConfigError(f"host {name!r} is declared twice", file=str(path))
-            hosts[name] = dict(inline or {})
+            if name in self.hosts:
+                raise ConfigError(f"host {name!r} is declared twice", file=str(path),
+                                  key=f"hosts.{name}")
+            self._host(name, path)
+            self.declared.add(name)
+            self.hosts[name] = dict(inline or {})
+            if inline:
+                self.host_inline.setdefault(name, []).append(
+                    Layer(f"{rel}: hosts.{name}", dict(inline), str(path), f"hosts.{name}"))
         for gname, group in parsed.groups.items():
-            members = groups.setdefault(gname, [])
+            if gname == "all":
+                raise ConfigError("'all' is reserved for every host", file=str(path),
+                                  key="groups.all", fix="put variables of every host in "
+                                  "group_vars/all.yml")
+            members = self.groups.setdefault(gname, [])
             for member in group.hosts:
-                if member not in hosts:
+                if member not in self.hosts:
                     raise ConfigError(
-                        f"group {gname!r} lists unknown host {member!r}",
+                        f"group {gname!r} lists unknown host {member!r}"
+                        f"{ansible.did_you_mean(member, set(self.hosts))}",
                         file=str(path),
                         key=f"groups.{gname}.hosts",
                         fix="declare the host under hosts: first",
@@ -224,44 +420,281 @@ def load(root: str | os.PathLike[str],
                 if member not in members:
                     members.append(member)
             if group.vars:
-                group_vars[gname] = _merge(group_vars.get(gname, {}), group.vars)
-    for name in [*hosts, *groups]:
-        if name == "all":
-            raise ConfigError("'all' is reserved for every host", file=str(hosts_file))
-    file_group_vars: dict[str, dict[str, Any]] = {}
-    for path in sorted((base / "group_vars").glob("*.yml")):
-        if path.stem != "all" and path.stem not in groups:
+                self.group_inline.setdefault(gname, []).append(
+                    Layer(f"{rel}: groups.{gname}.vars", dict(group.vars), str(path),
+                          f"groups.{gname}.vars"))
+
+    def add_ansible(self, parsed: Parsed, path: Path) -> None:
+        for name, inline in parsed.hosts.items():
+            if name in self.declared:
+                raise ConfigError(f"host {name!r} is declared twice (also in vigil's "
+                                  "hosts: format)", file=str(path))
+            self._host(name, path)
+            for where, data in inline:
+                self.hosts[name] = {**self.hosts[name], **data}
+                self.host_inline.setdefault(name, []).append(
+                    Layer(where, data, str(path), where.split(": ", 1)[1]))
+        for gname, members in parsed.groups.items():
+            _name("group", gname, path)
+            have = self.groups.setdefault(gname, [])
+            have.extend(h for h in members if h not in have)
+        for gname, (where, data) in parsed.group_vars.items():
+            self.group_inline.setdefault(gname, []).append(
+                Layer(where, data, str(path), where.split(": ", 1)[1]))
+        for where, data in parsed.all_vars:
+            self.group_inline.setdefault("all", []).append(
+                Layer(where, data, str(path), "group all"))
+
+
+def _name(kind: str, name: str, path: Path) -> None:
+    try:
+        check_name(kind, name)  # a host's name names its trace and history files
+    except ValueError as exc:
+        raise ConfigError(str(exc), file=str(path)) from None
+
+
+def _expand_vigil(data: Any, file: str) -> Any:
+    """Host ranges in vigil's own format too: hosts: keys and groups' host lists."""
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    hosts = data.get("hosts")
+    if isinstance(hosts, dict) and any(isinstance(k, str) and "[" in k for k in hosts):
+        expanded: dict[Any, Any] = {}
+        for key, inline in hosts.items():
+            names = ansible.hosts_of(key, file, f"hosts.{key}") if isinstance(key, str) \
+                else [key]
+            for name in names:
+                if name in expanded:
+                    raise ConfigError(f"host {name!r} is declared twice", file=file,
+                                      key=f"hosts.{key}")
+                expanded[name] = inline
+        out["hosts"] = expanded
+    groups = data.get("groups")
+    if isinstance(groups, dict):
+        fixed: dict[Any, Any] = {}
+        for gname, group in groups.items():
+            if isinstance(group, dict) and isinstance(group.get("hosts"), list):
+                members: list[Any] = []
+                for item in group["hosts"]:
+                    members += ansible.hosts_of(item, file, f"groups.{gname}.hosts") \
+                        if isinstance(item, str) else [item]
+                group = {**group, "hosts": members}
+            fixed[gname] = group
+        out["groups"] = fixed
+    return out
+
+
+def _skipped(path: Path) -> bool:
+    return path.name.startswith(".") or path.name.endswith(_IGNORED)
+
+
+def _hosts_sources(given: Path, warnings: list[str]) -> tuple[Path, list[Path]]:
+    """The inventory folder and its hosts files, main one first."""
+    if given.is_file():  # -i inventory.ini, as Ansible's: its folder holds group_vars/
+        return given.parent, [given]
+    if not given.is_dir():
+        raise ConfigError("no inventory here", file=str(given),
+                          fix="point --inventory (or inventory: in vigil.yaml) at an "
+                          "inventory folder or hosts file")
+    present = [given / n for n in HOSTS_FILES if (given / n).is_file()]
+    if len(present) > 1:
+        raise ConfigError(f"two hosts files: {' and '.join(p.name for p in present)}",
+                          file=str(given), fix="keep one (more hosts go to hosts.d/)")
+    if not present:
+        others = sorted(p.name for p in given.iterdir() if p.is_file() and not _skipped(p)
+                        and p.suffix in (*_YAML, ".ini"))
+        hint = f"; to read {others[0]}, rename it hosts{Path(others[0]).suffix} (more "\
+            "hosts files go to hosts.d/)" if others else ""
+        raise ConfigError(
+            "inventory has no hosts file (hosts.yml, hosts.yaml, hosts.ini or hosts)",
+            file=str(given),
+            fix="point --inventory (or inventory: in vigil.yaml) at an inventory folder or "
+            f"hosts file{hint}",
+        )
+    more: list[Path] = []
+    extra = given / "hosts.d"
+    if extra.is_dir():
+        for p in sorted(extra.iterdir()):
+            if _skipped(p):
+                continue
+            if p.is_file() and p.suffix in (*_YAML, ".ini", ""):
+                more.append(p)
+            else:
+                warnings.append(f"not read: {p} (hosts.d/ holds .yml, .yaml and .ini "
+                                "hosts files)")
+    return given, [present[0], *more]
+
+
+def _walk_top(base: Path, read: set[Path], roles_dirs: list[Path],
+              warnings: list[str]) -> None:
+    """Warn of every file of the inventory folder that vigil does not read."""
+    def unread(p: Path, why: str) -> None:
+        warnings.append(f"not read: {p}{'/' if p.is_dir() else ''} ({why})")
+
+    resolved_roles = {d.resolve() for d in roles_dirs if d.exists()}
+    for p in sorted(base.iterdir()):
+        if _skipped(p) or p in read or p.name == "known_hosts" \
+                or p.resolve() in resolved_roles:
+            continue
+        if p.is_dir() and p.name in _KNOWN_DIRS:
+            if p.name in ("models", "stacks", "node_groups"):
+                exts = _YAML if p.name != "node_groups" else (".yml",)
+                for f in sorted(p.iterdir()):
+                    if not _skipped(f) and not (f.is_file() and f.suffix in exts):
+                        unread(f, f"{p.name}/ holds {' and '.join(exts)} files")
+            continue
+        unread(p, "vigil reads " + ", ".join((*HOSTS_FILES, *sorted(_KNOWN_DIRS))))
+
+
+def _vars_files(reader: _Reader, kind: str, known: list[str],
+                ) -> dict[str, list[Layer]]:
+    """group_vars/ or host_vars/: <name>.yml, .yaml, .json, no extension, or a folder
+    <name>/ of such files (merged in name order). Two forms of one name are an error."""
+    folder = reader.base / kind
+    if not folder.is_dir():
+        return {}
+    what = "group" if kind == "group_vars" else "host"
+    forms: dict[str, list[Path]] = {}
+    for p in sorted(folder.iterdir()):
+        if _skipped(p):
+            continue
+        if p.is_dir() or p.name in known or p.suffix == "":
+            name = p.name
+        elif p.suffix in _VARS:
+            name = p.stem
+        else:
+            reader.warnings.append(f"not read: {p} ({kind}/ holds .yml, .yaml and .json "
+                                   "files or folders of them)")
+            continue
+        forms.setdefault(name, []).append(p)
+    out: dict[str, list[Layer]] = {}
+    for name, paths in forms.items():
+        if len(paths) > 1:
             raise ConfigError(
-                f"group_vars for unknown group {path.stem!r}",
-                file=str(path),
-                fix=f"declare group {path.stem!r} in hosts.yml or rename the file",
-            )
-        file_group_vars[path.stem] = _as_vars(read_yaml(path), path)
-    # inline group vars win over group_vars files
-    for gname, gvars in group_vars.items():
-        file_group_vars[gname] = _merge(file_group_vars.get(gname, {}), gvars)
-    host_files: dict[str, dict[str, Any]] = {}
-    for path in sorted((base / "host_vars").glob("*.yml")):
-        if path.stem not in hosts:
-            raise ConfigError(
-                f"host_vars for unknown host {path.stem!r}",
-                file=str(path),
-                fix=f"declare host {path.stem!r} in hosts.yml or rename the file",
-            )
-        host_files[path.stem] = _as_vars(read_yaml(path), path)
-    inv = Inventory(base, hosts, groups, file_group_vars, host_files,
-                    roles_mod.load_all(
-                        Path(roles_dir) if isinstance(roles_dir, str | os.PathLike)
-                        else roles_dir))
-    # Validate every file's keys now so a typo anywhere fails before any host is touched.
-    extra = inv.role_keys()
-    for gname, gvars in file_group_vars.items():
-        _check_keys(gvars, f"{base / 'group_vars' / gname}.yml", extra)
-    for hname, hvars in host_files.items():
-        _check_keys(hvars, f"{base / 'host_vars' / hname}.yml", extra)
-    for hname, inline in hosts.items():
-        _check_keys(inline, f"{hosts_file}: hosts.{hname}", extra)
-    return inv
+                f"{what} {name!r} has variables twice: "
+                f"{' and '.join(p.name + ('/' if p.is_dir() else '') for p in paths)}",
+                file=str(folder), fix=f"keep one: move the file into {kind}/{name}/ "
+                "(its files merge in name order) or join them")
+        if name not in known and not (kind == "group_vars" and name == "all"):
+            hint = ansible.close(name, set(known), CLOSE)
+            fix = (f"did you mean {hint!r}? rename the file" if hint else
+                   f"declare {what} {name!r} in {reader.main} or rename the file")
+            if reader.ansible and not hint:  # Ansible shares group_vars over inventories
+                reader.warnings.append(f"not read: {paths[0]} (no {what} {name!r} in this "
+                                       "inventory)")
+                continue
+            raise ConfigError(f"{kind} for unknown {what} {name!r}", file=str(paths[0]),
+                              fix=fix)
+        layers: list[Layer] = []
+        for path in _files_in(paths[0], reader.warnings, kind):
+            layers.append(Layer(reader.rel(path), _as_vars(read_yaml(path), path), str(path)))
+        out[name] = layers
+    return out
+
+
+def _files_in(path: Path, warnings: list[str], kind: str) -> Iterator[Path]:
+    if not path.is_dir():
+        yield path
+        return
+    for p in sorted(path.rglob("*")):
+        if any(part.startswith(".") for part in p.relative_to(path).parts) or _skipped(p):
+            continue
+        if p.is_file() and p.suffix in (*_VARS, ""):
+            yield p
+        elif p.is_file():
+            warnings.append(f"not read: {p} ({kind}/ holds .yml, .yaml and .json files)")
+
+
+def load(root: str | os.PathLike[str],
+         roles_dir: str | os.PathLike[str] | roles_mod.RolesDirs = roles_mod.ROLES_DIR,
+         ) -> Inventory:
+    """Read and validate an inventory (a folder, or one hosts file in it) and the roles;
+    no host is contacted."""
+    warnings: list[str] = []
+    given = Path(root)
+    base, sources = _hosts_sources(given, warnings)
+    reader = _Reader(base, sources[0], warnings=warnings)
+    for path in sources:
+        reader.read_hosts_file(path)
+    roles_dirs = [Path(roles_dir)] if isinstance(roles_dir, str | os.PathLike) \
+        else list(roles_dir)
+    roles = roles_mod.load_all(roles_dirs)
+    group_files = _vars_files(reader, "group_vars", list(reader.groups))
+    host_files = _vars_files(reader, "host_vars", list(reader.hosts))
+    if given.is_dir():
+        _walk_top(base, set(sources), roles_dirs, warnings)
+    known = set(HostVars.model_fields) | {k for r in roles.values() if not r.builtin
+                                          for k in r.defaults}
+    ignored: dict[str, list[str]] = {}
+
+    def clean(table: dict[str, list[Layer]]) -> dict[str, list[Layer]]:
+        return {name: [_normalize(layer, known, reader.ansible, ignored) for layer in layers]
+                for name, layers in table.items()}
+
+    group_inline, host_inline = clean(reader.group_inline), clean(reader.host_inline)
+    hosts = {name: _merged(host_inline.get(name, [])) for name in reader.hosts}
+    for key, places in ignored.items():
+        shown = ", ".join(places[:3]) + (f" and {len(places) - 3} more" if len(places) > 3
+                                         else "")
+        why = "an Ansible variable vigil does not use" if key.startswith("ansible_") else \
+            "not a vigil variable (one of your playbooks'?)"
+        warnings.append(f"ignored {key!r}: {why}{ansible.did_you_mean(key, known, 0.7)}; "
+                        f"in {shown}")
+    return Inventory(base, hosts, reader.groups, group_inline, clean(group_files),
+                     host_inline, clean(host_files), roles, sources[0], tuple(warnings),
+                     reader.ansible)
+
+
+def _merged(layers: list[Layer]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for layer in layers:
+        out = merge(out, layer.data)
+    return out
+
+
+def _normalize(layer: Layer, known: set[str], foreign_ok: bool,
+               ignored: dict[str, list[str]]) -> Layer:
+    """Ansible's names as vigil's, Ansible-only and (in an Ansible inventory) foreign
+    variables set aside for a warning; any other unknown key is an error with the closest
+    known one. INI's boolean words become bools for vigil's bool variables."""
+    data = dict(layer.data)
+    where = f"{layer.file}: {layer.place}" if layer.place else layer.file
+    for alias, key in ansible.ALIASES.items():
+        if alias not in data:
+            continue
+        if key in data:
+            raise ConfigError(f"both {alias} and {key} are given", file=where,
+                              fix=f"keep one ({alias} is Ansible's name of {key})")
+        value = data.pop(alias)
+        if key == "ssh_port" and isinstance(value, str) and value.strip().isdigit():
+            value = int(value)
+        elif key == "sudo":
+            value = ansible.boolean(value)
+        elif key == "connection":
+            value = ansible.connection(value, where)
+        data[key] = value
+    for key in list(data):
+        if key in known:
+            if key in _BOOLS:
+                data[key] = ansible.boolean(data[key])
+            continue
+        name = str(key)
+        if name.startswith("ansible_"):
+            hint = None if name in ansible.ANSIBLE_ONLY else \
+                ansible.close(name, set(ansible.ALIASES), CLOSE)
+        else:
+            hint = ansible.close(name, known, CLOSE if foreign_ok else 0.6)
+        if hint is None and (name.startswith("ansible_") or foreign_ok):
+            ignored.setdefault(name, []).append(layer.where)
+            del data[key]
+            continue
+        raise ConfigError(
+            f"unknown key {name!r}" + (f" - did you mean {hint!r}?" if hint else ""),
+            file=where,
+            fix="known keys: " + ", ".join(sorted(known)),
+        )
+    return Layer(layer.where, data, layer.file, layer.place)
 
 
 def _as_vars(data: Any, path: Path) -> dict[str, Any]:
@@ -271,15 +704,3 @@ def _as_vars(data: Any, path: Path) -> dict[str, Any]:
         raise ConfigError(f"expected a mapping of variables, got {type(data).__name__}",
                           file=str(path))
     return data
-
-
-def _check_keys(data: dict[str, Any], where: str, extra: set[str] | None = None) -> None:
-    known = set(HostVars.model_fields) | (extra or set())
-    unknown = sorted(set(data) - known)
-    if unknown:
-        close = difflib.get_close_matches(unknown[0], known, n=1)
-        raise ConfigError(
-            f"unknown key {unknown[0]!r}" + (f" - did you mean {close[0]!r}?" if close else ""),
-            file=where,
-            fix="known keys: " + ", ".join(sorted(known)),
-        )

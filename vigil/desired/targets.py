@@ -5,16 +5,19 @@ error changes no host (pure: files in, values out)."""
 from __future__ import annotations
 
 import os
+import typing
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import yaml
 
 from vigil.desired.config import HostVars, ModelProfile, Stack
-from vigil.desired.inventory import Inventory
+from vigil.desired.inventory import Inventory, merge
 from vigil.desired.render import TEMPLATES, Rendered, TemplateDirs, render
 from vigil.desired.roles import RenderedRole, render_role
+from vigil.desired.yamlfile import did_you_mean, fields_at
 from vigil.errors import ConfigError, RefusedError
 
 
@@ -35,12 +38,15 @@ class Target:
 
 
 def parse_sets(
-    items: list[str] | tuple[str, ...], role_keys: Collection[str] = ()
+    items: list[str] | tuple[str, ...], role_keys: Collection[str] = (),
+    inventory: Path | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """``--set key=value`` flags, split into host variables (user roles' variables
-    included) and profile overrides."""
+    included) and profile overrides. A dotted key sets one key of a mapping
+    (``gpu.count=4``, ``env.X=1``: an env value stays the text given)."""
     host: dict[str, Any] = {}
     profile: dict[str, Any] = {}
+    root = inventory or Path("inventory")
     for item in items:
         key, sep, raw = item.partition("=")
         key = key.strip()
@@ -48,23 +54,50 @@ def parse_sets(
             raise ConfigError(
                 f"--set {item!r} is not key=value", fix="e.g. --set max_model_len=8192"
             )
-        try:
-            value = yaml.safe_load(raw) if raw else ""
-        except yaml.YAMLError as exc:
-            problem = getattr(exc, "problem", None) or "not valid YAML"
-            raise ConfigError(
-                f"--set {key}: the value is not valid YAML ({problem})", key=key,
-                fix="quote it for the shell and YAML, e.g. --set 'served_model_name=\"[x\"'",
-            ) from None
-        if key in HostVars.model_fields or key in role_keys:
-            host[key] = value
-        elif key in ModelProfile.model_fields and key != "name":
-            profile[key] = value
+        path = key.split(".")
+        if not all(path):
+            raise ConfigError(f"--set {key}: a dotted name has an empty part",
+                              fix="e.g. --set gpu.count=4 or --set env.HF_HUB_OFFLINE=1")
+        top = path[0]
+        if top in HostVars.model_fields or top in role_keys:
+            into, fields = host, HostVars.model_fields
+        elif top in ModelProfile.model_fields and top != "name":
+            into, fields = profile, ModelProfile.model_fields
         else:
+            known = {*HostVars.model_fields, *role_keys, *ModelProfile.model_fields} - {"name"}
             raise ConfigError(
-                f"--set {key}: not a host variable or model profile field",
-                fix="see inventory/group_vars/all.yml and inventory/models/*.yml for the keys",
+                f"--set {top}: not a host variable or model profile field"
+                f"{did_you_mean(top, known)}",
+                fix=f"see {root / 'group_vars'} and {root / 'models'} for the keys",
             )
+        if len(path) > 1 and top in fields:
+            annotation = fields[top].annotation
+            sub = fields_at(HostVars if into is host else ModelProfile, (top,))
+            if not sub and typing.get_origin(annotation) is not dict:
+                raise ConfigError(f"--set {key}: {top} is not a mapping",
+                                  fix=f"set it whole: --set {top}=VALUE")
+            if sub and (len(path) > 2 or path[1] not in sub):
+                raise ConfigError(f"--set {key}: {top} has no key {path[1]!r}"
+                                  f"{did_you_mean(path[1], sub)}",
+                                  fix=f"keys of {top}: {', '.join(sorted(sub))}")
+        value: Any
+        if len(path) > 1 and path[-2] == "env":
+            value = raw  # environment values are text: env.X=1 is "1", not 1
+        else:
+            try:
+                value = yaml.safe_load(raw) if raw else ""
+            except yaml.YAMLError as exc:
+                problem = getattr(exc, "problem", None) or "not valid YAML"
+                raise ConfigError(
+                    f"--set {key}: the value is not valid YAML ({problem})",
+                    fix="quote it for the shell and YAML, e.g. "
+                    "--set 'served_model_name=\"[x\"'",
+                ) from None
+        for part in reversed(path[1:]):
+            value = {part: value}
+        merged = merge(into, {top: value})
+        into.clear()
+        into.update(merged)
     return host, profile
 
 
@@ -80,7 +113,7 @@ def resolve(
     require_secrets: bool = True,
     fits: bool = True,
 ) -> list[Target]:
-    host_flags, profile_flags = parse_sets(sets, inv.role_keys())
+    host_flags, profile_flags = parse_sets(sets, inv.role_keys(), inv.root)
     env = os.environ if operator_env is None else operator_env
     targets = []
     from vigil.desired.groups import group_of  # groups builds on this module
@@ -104,15 +137,18 @@ def resolve(
         if not profile_name:
             raise ConfigError(
                 f"no model for host {name}",
-                fix=f"pass --model (one of: {', '.join(inv.names('models'))}) "
-                "or set model: in the inventory",
+                fix=f"pass --model ({_choices(inv, 'models')}) or set model: in "
+                f"{inv.root / 'host_vars' / name}.yml or a group's file in "
+                f"{inv.root / 'group_vars'}",
             )
         profile = inv.profile(profile_name, {**hv.overrides, **profile_flags})
         stack_name = stack or hv.stack or profile.stack
         if not stack_name:
             raise ConfigError(
                 f"no stack for host {name}",
-                fix=f"pass --stack (one of: {', '.join(inv.names('stacks'))}) or set stack:",
+                fix=f"pass --stack ({_choices(inv, 'stacks')}) or set stack: in "
+                f"{inv.root / 'host_vars' / name}.yml, a group's file in "
+                f"{inv.root / 'group_vars'} or the profile",
             )
         st = inv.stack(stack_name)
         if fits:  # a node group checks its layout across its nodes instead
@@ -126,6 +162,11 @@ def resolve(
                               resolved.role_vars))
     return targets
 
+
+
+def _choices(inv: Inventory, kind: str) -> str:
+    names = inv.names(kind)
+    return f"one of: {', '.join(names)}" if names else f"none yet: {inv.root / kind} is empty"
 
 
 def _check_dests(host: str, roles: tuple[RenderedRole, ...], taken: tuple[str, ...]) -> None:

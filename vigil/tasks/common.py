@@ -24,7 +24,8 @@ from vigil.report import echo
 from vigil.tasks import project
 from vigil.verify.watch import Settings
 
-HOSTS_HELP = "host names, group names or 'all', comma separated"
+HOSTS_HELP = ("hosts, groups or all, comma separated; Ansible's patterns too: g:!h (g "
+              "without h), g:&k (in both), h100-*, h100-[01:04], ~regex")
 SET_HELP = "KEY=VALUE override of a host variable or profile field (repeatable)"
 # One exit-code policy for every task: bad input or a refusal first, then the worst
 # verdict (timed out > stalled > crashed > stopped), a stopped rollout, a failed host.
@@ -149,7 +150,11 @@ def exit_with(codes: Iterable[int]) -> None:
 
 
 def load_inventory(c: Context) -> inventory.Inventory:
-    return inventory.load(setting(c, "inventory"), roles_dirs(c))
+    """The inventory; what it holds and vigil does not read is said on stderr."""
+    inv = inventory.load(setting(c, "inventory"), roles_dirs(c))
+    for line in inv.warnings:
+        echo(f"warning: {line}", file=sys.stderr)
+    return inv
 
 
 @contextmanager
