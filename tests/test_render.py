@@ -107,3 +107,21 @@ def test_template_error_names_template(inv: inventory.Inventory, tmp_path: Path)
     bad.write_text("{% if %}")
     with pytest.raises(TemplateError, match="line 1"):
         resolve(inv, "llm-one", model="glm-5", operator_env=SECRETS, template_dir=tmp_path / "t")
+
+
+def test_render_names_the_file_of_every_key_of_a_merged_dict(tmp_path: Path) -> None:
+    from vigil.desired import review
+
+    root = tmp_path / "inventory"
+    shutil.copytree(REPO_INV, root, ignore=shutil.ignore_patterns("hosts.d"))
+    (root / "host_vars" / "llm-one.yml").write_text("env: {B: host}\n")
+    inv = inventory.load(root)
+    (t,) = resolve(inv, "llm-one", model="glm-5", sets=["env.C=flag"], operator_env=SECRETS)
+    (line,) = [x for x in review.variables(t) if x.startswith("env ")]
+    assert line.endswith("(B: host_vars/llm-one.yml; C: --set; "
+                         "HF_HUB_OFFLINE: group_vars/all.yml)"), line
+    (port,) = [x for x in review.variables(t) if x.startswith("port ")]
+    assert port.endswith("(roles/service/defaults.yml)"), port  # one source: one name
+    # the line above the variables says the order, Ansible's: host_vars/ beats the hosts file
+    assert "hosts file's host vars < host_vars/<host> < --set" in review.PRECEDENCE
+    assert "group_vars/<group> < hosts file's host vars" in review.PRECEDENCE

@@ -101,3 +101,32 @@ def test_deploy_verify_and_rollback_all_read_the_poll_interval(inv: Path, task: 
     proc = invoke(inv, task, "--hosts", "here", INVOKE_VIGIL_POLL_S="0")
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert "--poll and --stall must be positive" in proc.stderr
+
+
+def test_the_tasks_print_what_the_inventory_does_not_read(inv: Path, tmp_path: Path) -> None:
+    (inv / "hosts.yml").rename(inv / "hosts.ini")
+    (inv / "hosts.ini").write_text("[here]\nhere ansible_connection=local model=glm-5 "
+                                   "stack=vllm-0.16-nightly service=vigil-test-tasks "
+                                   "ansible_python_interpreter=/usr/bin/python3\n")
+    (inv / "group_vars").mkdir()
+    (inv / "group_vars" / "here.yml").write_text(
+        "gpu: {kind: NVIDIA B200, count: 8, memory_gib: 180}\n")
+    (inv / "notes.cfg").write_text("x\n")
+    miss = invoke(inv, "render", "--hosts", "here:!nothere*", "--out", str(tmp_path / "o"))
+    assert miss.returncode == 2 and "'nothere*' matches no host or group" in miss.stderr
+    proc = invoke(inv, "render", "--hosts", "here*", "--out", str(tmp_path / "o"))
+    assert proc.returncode == 0, proc.stderr
+    assert f"warning: not read: {inv / 'notes.cfg'}" in proc.stderr
+    assert "warning: ignored 'ansible_python_interpreter'" in proc.stderr
+    assert "host_vars/<host> < --set" in proc.stdout  # render's provenance line
+    assert "gpu " in proc.stdout and "(group_vars/here.yml)" in proc.stdout
+
+
+@pytest.mark.parametrize("task", ["deploy", "verify", "render"])
+def test_every_task_refuses_a_misspelled_phase_before_any_host(inv: Path, task: str) -> None:
+    (inv / "host_vars").mkdir()
+    (inv / "host_vars" / "here.yml").write_text("phase_budget_s: {kv_cahce: 60}\n")
+    proc = invoke(inv, task, "--hosts", "here")
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "no watched phase named 'kv_cahce' - did you mean 'kv_cache'?" in proc.stderr
+    assert (proc.stdout + proc.stderr).count("phase_budget_s") == 1

@@ -1,16 +1,23 @@
 """What `invoke render` shows: every file a deploy would write, and where each variable
-came from (role defaults < group_vars/all < group < host < --set). Secrets masked."""
+came from (PRECEDENCE, Ansible's order; a dict's keys each with its own file). Secrets
+masked."""
 
 from __future__ import annotations
 
 import errno
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from vigil.desired.render import MASK, is_secret
 from vigil.desired.targets import Target
 from vigil.errors import ConfigError
+
+# The merge order of vigil.desired.inventory, as render prints it above the variables.
+PRECEDENCE = ("lowest first, as Ansible's: role defaults < hosts file's group vars < "
+              "group_vars/all < group_vars/<group> < hosts file's host vars < "
+              "host_vars/<host> < --set")
 
 
 def write_files(t: Target, out: Path) -> list[str]:
@@ -59,10 +66,24 @@ def _shown(key: str, value: object, secrets: frozenset[str]) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
+def origin_of(key: str, value: object, origin: Mapping[str, str]) -> str:
+    """Where a variable came from; a dict merged from several files names the file of
+    each key ("A: group_vars/g.yml; B, C: host_vars/h.yml")."""
+    top = origin.get(key, "vigil default")
+    if not isinstance(value, dict) or not value:
+        return top
+    by: dict[str, list[str]] = {}
+    for sub in sorted(value, key=str):
+        by.setdefault(origin.get(f"{key}.{sub}", top), []).append(str(sub))
+    if len(by) == 1:
+        return next(iter(by))
+    return "; ".join(f"{', '.join(keys)}: {where}" for where, keys in by.items())
+
+
 def variables(t: Target) -> list[str]:
     """One line per variable: name, value, and the file (or flag) that set it."""
     values = {**t.vars.model_dump(), **t.role_vars}
     secrets = frozenset(t.vars.secret_env)
     width = max(len(k) for k in values)
-    return [f"{k:<{width}} = {_shown(k, values[k], secrets)}  ({t.origin.get(k, 'vigil default')})"
-            for k in sorted(values)]
+    return [f"{k:<{width}} = {_shown(k, values[k], secrets)}  "
+            f"({origin_of(k, values[k], t.origin)})" for k in sorted(values)]

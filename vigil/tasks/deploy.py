@@ -139,8 +139,7 @@ def render(
         )
         for t in targets:
             echo("\n".join(review.write_files(t, out_path(c, out) / t.name)))
-            echo(f"\nvariables of {t.name} (lowest first: role defaults < group_vars/all < "
-                  "group < host < --set):")
+            echo(f"\nvariables of {t.name} ({review.PRECEDENCE}):")
             echo("\n".join(review.variables(t)) + "\n")
 
 
