@@ -166,4 +166,12 @@ def test_deploy_and_verify_from_the_users_repo_against_a_lab_host(
     assert "### vigil verify: 1 of 1 hosts fine" in summary and "| e2e | ready |" in summary
     assert "### vigil deploy: 0 of 1 hosts fine" in summary and "| gone | ❌ failed |" in summary
     assert (ops_repo / "state" / "history.sqlite").is_file()
+    # the installed vLLM's own parser decides the flags: one it lacks is refused up front
+    unit = lab.run(INDEX, f"cat /etc/systemd/system/{UNIT}.service")[1]
+    refused = run([str(installed / "vigil"), "deploy", "--hosts", "e2e", "--set",
+                   "extra_args=[--no-such-option-of-vllm]"], cwd=ops_repo)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "rejects --no-such-option-of-vllm: its own argument parser has no such " \
+        "option" in refused.stderr and "vLLM 0.32.0" in refused.stderr, refused.stderr
+    assert lab.run(INDEX, f"cat /etc/systemd/system/{UNIT}.service")[1] == unit
     assert checkout_state() == before  # nothing written in the checkout

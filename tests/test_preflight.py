@@ -24,3 +24,23 @@ def test_data_parallel_counts_in_the_gpus_a_host_must_show() -> None:
     found = [str(e) for e in problems("llm-one", t.profile, t.rendered,
                                       facts_for(t, gpus=gpus), stack=t.stack)]
     assert any("data_parallel_size 2 = 8 GPUs; the host shows 4" in e for e in found), found
+
+
+def test_a_flag_the_environments_vllm_lacks_is_refused_before_any_change() -> None:
+    """The environment in use records its vLLM's own parser options (the agent, once):
+    a rendered ExecStart option it lacks is a refusal naming the flag, the version and
+    where to change it; with the flag known, nothing is refused."""
+    t = target("extra_args=[--no-such-option=1]")
+    flags = ["--" + w.split("=", 1)[0].lstrip("-") for w in t.rendered.argv
+             if w.startswith("--")]
+    parsed = {"version": "0.16.0rc2.dev344+gea5f903f8",
+              "flags": [f for f in flags if f != "--no-such-option"]}
+    found = [str(p) for p in problems(t.name, t.profile, t.rendered,
+                                      facts_for(t, vllm_flags=parsed)) if "vLLM" in str(p)]
+    assert len(found) == 1, found
+    assert "rejects --no-such-option: its own argument parser has no such option" in found[0]
+    assert "vLLM 0.16.0rc2.dev344+gea5f903f8 in " in found[0]
+    assert "extra_args" in found[0] and "models/glm-5.yml" in found[0]
+    known = {**parsed, "flags": flags}
+    assert not [p for p in problems(t.name, t.profile, t.rendered,
+                                    facts_for(t, vllm_flags=known)) if "vLLM" in str(p)]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import subprocess
 import sys
 import zipfile
@@ -15,7 +16,7 @@ import pytest
 import yaml
 
 from vigil.deploy.apply import missing_remedy
-from vigil.deploy.runtime import import_remedy, verify_install
+from vigil.deploy.runtime import import_remedy, unknown_flags, verify_install
 from vigil.desired import inventory
 from vigil.desired.config import Stack
 from vigil.desired.stacks import check, check_rules, pip_check_problems, public
@@ -399,3 +400,61 @@ def test_drift_in_the_live_env_is_repaired_beside_it() -> None:
     assert "flashinfer-cubin 0.6.3 != 0.6.4" in install.reason
     assert "flashinfer-cubin 0.6.3 breaks same_version(" in install.reason
     assert [a.kind for a in plan.actions][-1] == "restart"
+
+
+# -- the installed vLLM decides the flags -------------------------------------------------
+
+FAKE_CLI_ARGS = '''
+def make_arg_parser(parser):
+    parser.add_argument("--model")
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--enable-thing", action="store_true")
+    return parser
+'''
+
+
+def fake_vllm_env(root: Path, version: str = "0.11.0") -> Path:
+    """A real venv whose vllm package has the parts of vLLM's server parser vigil asks
+    (make_arg_parser, FlexibleArgumentParser at its pre-0.11 place)."""
+    env = root / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    (site,) = (env / "lib").glob("python3*/site-packages")
+    pkg = site / "vllm"
+    (pkg / "entrypoints" / "openai").mkdir(parents=True)
+    (pkg / "__init__.py").write_text(f"__version__ = {version!r}\n")
+    (pkg / "entrypoints" / "__init__.py").write_text("")
+    (pkg / "entrypoints" / "openai" / "__init__.py").write_text("")
+    (pkg / "entrypoints" / "openai" / "cli_args.py").write_text(FAKE_CLI_ARGS)
+    (pkg / "utils.py").write_text("from argparse import ArgumentParser as FlexibleArgumentParser\n")
+    return env
+
+
+def test_the_agent_reads_the_installed_vllms_own_flags_once_and_keeps_them(
+        tmp_path: Path) -> None:
+    env = fake_vllm_env(tmp_path)
+    found = agent.vllm_flags(str(env))
+    assert found == {"version": "0.11.0", "flags": [
+        "--enable-thing", "--help", "--model", "--port"]}, found
+    assert json.loads((env / agent.VLLM_FLAGS_FILE).read_text()) == found
+    (env / "lib").rename(tmp_path / "gone")  # no vllm any more: the record answers
+    assert agent.vllm_flags(str(env)) == found
+    broken = fake_vllm_env(tmp_path / "b")
+    (next((broken / "lib").glob("python3*/site-packages")) / "vllm" / "utils.py").unlink()
+    assert agent.vllm_flags(str(broken)) == {
+        "error": "ModuleNotFoundError: No module named 'vllm.utils'"}
+    assert agent.vllm_flags(str(tmp_path / "none")) is None
+
+
+def test_a_flag_the_installed_vllm_lacks_is_refused_naming_flag_and_version() -> None:
+    parsed = {"version": "0.11.0", "flags": ["--model", "--port", "--dtype"]}
+    argv = ["/opt/vigil/envs/current/bin/python", "-m", "vllm.entrypoints.openai.api_server",
+            "--model=/m", "--port=8000", "--dtype=auto",
+            "--disable-access-log-for-endpoints=/health,/metrics", "--shutdown-timeout=30"]
+    assert unknown_flags(argv, parsed) == ["--disable-access-log-for-endpoints",
+                                           "--shutdown-timeout"]
+    assert unknown_flags(argv, {"error": "ImportError: x"}) == []  # nothing to judge by
+    assert unknown_flags(["vllm", "serve", "--headless"], parsed) == []  # not the server
+    reply = {"ok": True, "env_dir": "/opt/vigil/envs/x", "packages": {}, "vllm_flags": parsed}
+    assert verify_install(stack(), reply, argv)[-1] == (
+        "vLLM 0.11.0 in /opt/vigil/envs/x rejects --disable-access-log-for-endpoints, "
+        "--shutdown-timeout: its own argument parser has no such option")

@@ -83,7 +83,7 @@ def apply_install(
     say(f"installing {t.stack.name} into {env_dir} (minutes)")
     request = {**agent_request(t), "actions": [install.wire()]}
     (res,) = call(transport, t.vars, "apply", request, timeout=3600)["results"]
-    problems = verify_install(t.stack, res)
+    problems = verify_install(t.stack, res, t.rendered.argv)
     if problems:
         if res.get("ok"):
             call(transport, t.vars, "apply", {**agent_request(t), "actions": [

@@ -110,6 +110,8 @@ class HostFacts(_Facts):
     gpus: Annotated[GpuFacts, BeforeValidator(_gpus)] = Field(
         default_factory=lambda: GpuFacts("none"), validation_alias="gpus")
     roles: dict[str, Any] | None = None  # user roles' files and units (role_facts)
+    # the environment's vLLM server parser: {"version", "flags"} or {"error"}
+    vllm_flags: dict[str, Any] | None = None
 
     @property
     def unit_text(self) -> str | None:

