@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 from lab import hosts as lab
+from vigil.desired.render import TEMPLATES
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
 
@@ -181,7 +182,7 @@ def test_bad_input_leaves_the_host_as_it_was(
         (inventory_copy / "host_vars" / f"{HOST}.yml").write_text("max_modle_len: 10\n")
         expect = "unknown key 'max_modle_len'"
     else:
-        shutil.copytree(REPO / "roles" / "service" / "templates", tmp_path / "templates")
+        shutil.copytree(TEMPLATES, tmp_path / "templates")  # the built-in ones, shipped
         unit = tmp_path / "templates" / "vllm.service.j2"
         unit.write_text(unit.read_text().replace("{{ exec_start }}", "{{ exec_strat }}"))
         env["INVOKE_VIGIL_TEMPLATES"] = str(tmp_path / "templates")
