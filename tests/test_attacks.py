@@ -1406,3 +1406,183 @@ def test_i21_7_any_string_makes_one_clean_annotation_and_table_row_for_a_pipelin
     assert not _CLEAN.search(printed)
     row = table.splitlines()[4]
     assert row.startswith("| h") and not _CLEAN.search(table.replace("\n", ""))
+
+
+# -- 2. a role's files stay in its own folders, its units are the ones it places ---------------
+
+
+def _spec_role(tmp_path: Path, spec: str, name: str = "evil", allow: str | None = None) -> Any:
+    from vigil.desired.roles import load_all
+
+    folder = tmp_path / "roles" / name
+    (folder / "templates").mkdir(parents=True, exist_ok=True)
+    (folder / "templates" / "t.j2").write_text("x\n")
+    (folder / "role.yml").write_text(spec)
+    if allow is not None:
+        (tmp_path / "roles" / "allow.yml").write_text(allow)
+    return load_all(tmp_path / "roles")[name]
+
+
+@pytest.mark.parametrize("spec, key, value", [
+    ("files: [{template: t.j2, dest: /etc/shadow}]", "files.0.dest", "/etc/shadow"),
+    ("files: [{template: t.j2, dest: /root/.ssh/authorized_keys}]", "files.0.dest",
+     "/root/.ssh/authorized_keys"),
+    ("files: [{template: t.j2, dest: /etc/vigil/vllm.env}]", "files.0.dest",
+     "/etc/vigil/vllm.env"),
+    ("files: [{template: t.j2, dest: /etc/vigil/other/x.conf}]", "files.0.dest",
+     "/etc/vigil/other/x.conf"),
+    ("files: [{template: t.j2, dest: /var/lib/vigil/backup/vllm/role-files.json}]",
+     "files.0.dest", "/var/lib/vigil/backup/vllm/role-files.json"),
+    ("files: [{template: t.j2, dest: /etc/systemd/system/sshd.service}]", "files.0.dest",
+     "/etc/systemd/system/sshd.service"),
+    ("files: [{template: t.j2, dest: /etc/systemd/system/sshd.service.d/evil.conf}]",
+     "files.0.dest", "/etc/systemd/system/sshd.service.d/evil.conf"),
+    ("files: [{template: t.j2, dest: /etc/systemd/system/multi-user.target.wants/"
+     "evil.service}]", "files.0.dest", "multi-user.target.wants/evil.service"),
+    ("files: [{template: t.j2, dest: /etc/vigil/evil/x.conf, restart: sshd.service}]",
+     "files.0.restart", "sshd.service"),
+    ("enable: [poweroff.target]", "enable.0", "poweroff.target"),
+])
+def test_i21_2_a_role_placing_host_files_or_touching_other_units_is_refused_at_load(
+        tmp_path: Path, spec: str, key: str, value: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        _spec_role(tmp_path, spec + "\n")
+    text = str(err.value)
+    assert "roles/evil/role.yml" in text and key in text and value in text
+    assert "fix:" in text and "allow.yml" in text
+
+
+def test_i21_2_the_issues_role_is_refused_whole_shadow_sshd_and_poweroff(tmp_path: Path) -> None:
+    """The issue's role: /etc/shadow placed, sshd restarted, poweroff.target enabled."""
+    with pytest.raises(ConfigError, match=re.escape("files.0.dest: '/etc/shadow'")):
+        _spec_role(tmp_path, "files: [{template: t.j2, dest: /etc/shadow, restart: "
+                   "sshd.service}]\nenable: [poweroff.target]\n")
+
+
+def test_i21_2_a_role_named_like_a_folder_vigil_keeps_cannot_write_there(tmp_path: Path) -> None:
+    # /opt/vigil/bin/uv is the uv the agent runs as root; /opt/vigil/envs the environments
+    with pytest.raises(ConfigError, match="a folder vigil keeps itself"):
+        _spec_role(tmp_path, "files: [{template: t.j2, dest: /opt/vigil/bin/uv}]\n", "bin")
+    with pytest.raises(ConfigError, match="a folder vigil keeps itself"):
+        _spec_role(tmp_path, "files: [{template: t.j2, dest: /opt/vigil/envs/current/x}]\n",
+                   "envs")
+
+
+def test_i21_2_own_folders_own_units_and_their_instances_are_accepted(tmp_path: Path) -> None:
+    role = _spec_role(tmp_path, (
+        "files:\n"
+        "  - {template: t.j2, dest: /etc/vigil/mine/a.conf, restart: vigil-mine@1.service}\n"
+        "  - {template: t.j2, dest: /opt/vigil/mine/check.py}\n"
+        "  - {template: t.j2, dest: /var/lib/vigil/roles/mine/state}\n"
+        "  - {template: t.j2, dest: /etc/systemd/system/vigil-mine@.service}\n"
+        "  - {template: t.j2, dest: /etc/systemd/system/mine-exporter.service}\n"
+        "  - {template: t.j2, dest: /etc/systemd/system/mine-exporter.service.d/x.conf}\n"
+        "enable: [mine-exporter.service, vigil-mine@2.service]\n"), "mine")
+    assert len(role.spec.files) == 6 and role.spec.enable[0] == "mine-exporter.service"
+    # a unit named for the role but not placed by it is still not its to restart
+    with pytest.raises(ConfigError, match=re.escape("enable.0: 'mine-other.service'")):
+        _spec_role(tmp_path, "enable: [mine-other.service]\n", "mine")
+
+
+def test_i21_2_the_ops_repos_allow_list_opens_named_paths_and_units_for_one_role(
+        tmp_path: Path) -> None:
+    spec = ("files:\n  - {template: t.j2, dest: /etc/nginx/conf.d/mine.conf, "
+            "restart: nginx.service}\n  - {template: t.j2, dest: /etc/default/mine}\n")
+    with pytest.raises(ConfigError, match="outside the role's own folders"):
+        _spec_role(tmp_path, spec, "mine")
+    allow = "mine:\n  paths: [/etc/nginx/conf.d/, /etc/default/mine]\n  units: [nginx.service]\n"
+    role = _spec_role(tmp_path, spec, "mine", allow)
+    assert [f.restart for f in role.spec.files] == ["nginx.service", None]
+    # the list is per role: another role gets nothing from it
+    with pytest.raises(ConfigError, match="outside the role's own folders"):
+        _spec_role(tmp_path, spec.replace("mine.conf", "o.conf"), "other", allow)
+    # a folder entry opens what is under it, not a sibling with the same prefix
+    with pytest.raises(ConfigError, match=re.escape("files.0.dest: '/etc/nginx/conf.d-evil/x'")):
+        _spec_role(tmp_path, "files: [{template: t.j2, dest: /etc/nginx/conf.d-evil/x}]\n",
+                   "mine", allow)
+    with pytest.raises(ConfigError, match=re.escape("allow.yml: mine: paths: '/etc/../root/'")):
+        _spec_role(tmp_path, spec, "mine", "mine: {paths: [/etc/../root/]}\n")
+
+
+def test_i21_2_the_shipped_health_log_role_still_loads_confined() -> None:
+    from tests.conftest import REPO
+    from vigil.desired.roles import load_all
+
+    role = load_all(REPO / "roles")["health-log"]
+    assert role.spec.enable == ["vigil-health-log.timer"]
+
+
+# -- 13. a trailing newline passes no name check ------------------------------------------------
+
+
+@pytest.mark.parametrize("key, value", [
+    ("service", "vllm\n"), ("service_user", "vllm\n"), ("address", "h1\n"),
+    ("env", {"A\n": "1"}), ("env", {"A": "1\n"}), ("secret_env", ["TOKEN\n"]),
+    ("host_key_fingerprints", ["SHA256:" + "A" * 43 + "\n"]), ("config_dir", "/etc/vigil\n"),
+])
+def test_i21_13_a_trailing_newline_is_refused_in_every_host_name_check(
+        key: str, value: object) -> None:
+    with pytest.raises(ValueError, match=key):
+        HostVars.model_validate({key: value})
+
+
+def test_i21_13_a_trailing_newline_in_a_host_role_or_variable_name_is_refused(
+        tmp_path: Path) -> None:
+    from vigil.desired import inventory
+    from vigil.desired.config import check_name
+    from vigil.desired.roles import check_name as role_name
+    from vigil.desired.roles import check_value, load_role
+
+    with pytest.raises(ValueError, match="must be 1-100 letters"):
+        check_name("host", "h1\n")
+    with pytest.raises(ConfigError, match="is not valid"):
+        role_name("health-log\n", "hosts.yml")
+    with pytest.raises(ConfigError, match="control character"):
+        check_value("x", "5min\n", "1min", "hosts.yml")
+    inv = _inventory(tmp_path, "hosts:\n  \"h1\\n\": {model: tiny-cpu}\n")
+    with pytest.raises(ConfigError, match="must be 1-100 letters"):
+        inventory.load(inv)
+    (tmp_path / "roles" / "mine").mkdir(parents=True)
+    (tmp_path / "roles" / "mine" / "defaults.yml").write_text("\"mine_x\\n\": 1\n")
+    with pytest.raises(ConfigError, match="variable name 'mine_x\\\\n' is not valid"):
+        load_role(tmp_path / "roles", "mine")
+
+
+def test_i21_13_the_agent_takes_no_env_link_or_module_name_with_a_trailing_newline(
+        tmp_path: Path) -> None:
+    from vigil.host import agent
+
+    paths = _paths(tmp_path)
+    Path(paths["current"]).symlink_to(paths["env_dir"] + "-r1\n")
+    assert agent.env_in_use(paths) == paths["env_dir"]  # not the "-r1\n" one
+    Path(paths["current"]).unlink()
+    Path(paths["current"]).symlink_to(paths["env_dir"] + "-r1")
+    assert agent.env_in_use(paths) == paths["env_dir"] + "-r1"
+    errors = agent.import_errors("/nonexistent/python", ["json\n"])
+    assert "not a module name" in str(errors.get("json\n"))
+
+
+# -- 14. an address is a host name or an IP: no user, no port, not empty ------------------------
+
+
+@pytest.mark.parametrize("address, why", [
+    ("evil@127.0.0.1", "holds a user"), ("127.0.0.1:22419", "a port or brackets"),
+    ("", "must not be empty"), ("[::1]", "a port or brackets"), ("-oProxyCommand=x",
+                                                                   "is not a host name"),
+    ("a b", "is not a host name"),
+])
+def test_i21_14_a_bad_address_is_one_error_naming_the_file_and_the_key(
+        tmp_path: Path, address: str, why: str) -> None:
+    from tests.conftest import target_in
+
+    with pytest.raises(ConfigError) as err:
+        target_in(tmp_path, f"hosts:\n  h1: {{model: tiny-cpu, address: '{address}'}}\n", "h1")
+    text = str(err.value)
+    assert "hosts.yml" in text and "address" in text and why in text
+    assert "ssh_user" in text and "ssh_port" in text  # the fix: where user and port go
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "::1", "fe80::1", "gpu-01.example.com",
+                                     "lab1", "10.0.0.7"])
+def test_i21_14_host_names_and_ips_are_still_addresses(address: str) -> None:
+    assert HostVars.model_validate({"address": address}).address == address

@@ -264,6 +264,10 @@ def test_a_user_role_may_not_take_the_service_unit(roles_dir: Path, inv_dir: Pat
     (mine / "templates" / "t.j2").write_text("[Unit]\n")
     (mine / "role.yml").write_text(
         "files: [{template: t.j2, dest: /etc/systemd/system/vllm.service}]\n")
+    with pytest.raises(ConfigError, match="not one of the role's own units"):
+        inventory.load(inv_dir, roles_dir)
+    # even allowed by the ops repo, the service role's unit stays the service role's
+    (roles_dir / "allow.yml").write_text("mine: {units: [vllm.service]}\n")
     inv = inventory.load(inv_dir, roles_dir)
     with pytest.raises(ConfigError, match="which the service role already writes"):
         resolve(inv, "llm-one", model="glm-5", operator_env=ENV,

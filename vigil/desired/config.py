@@ -7,6 +7,7 @@ Every model forbids unknown keys so a typo is an error, not a silently ignored k
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import re
 from typing import Annotated, Literal
 
@@ -56,17 +57,40 @@ def phase_error(name: str) -> str:
 
 
 def _abs_path(v: str) -> str:
-    if not v.startswith("/") or not _SAFE_TEXT.match(v) or ".." in v.split("/"):
+    if not v.startswith("/") or not _SAFE_TEXT.fullmatch(v) or ".." in v.split("/"):
         raise ValueError("must be an absolute path without control characters or '..'")
     return v
 
 
 def check_name(kind: str, v: str) -> str:
-    if not NAME.match(v):
+    if not NAME.fullmatch(v):
         raise ValueError(
             f"{kind} name {v[:120]!r} must be 1-100 letters, digits, '_', '.' or '-', not "
             "starting with '.' or '-' (it becomes part of a path)"
         )
+    return v
+
+
+_HOST_NAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]{0,252}[A-Za-z0-9_.])?")
+
+
+def check_address(v: str) -> str:
+    """A host name, an IPv4 or a bare IPv6 address: the user and the port have their own
+    keys (ssh_user, ssh_port), so ``user@host``, ``host:port`` and ``[::1]`` are refused."""
+    fix = "address is a host name or IP; the user goes in ssh_user, the port in ssh_port"
+    if not v:
+        raise ValueError(f"must not be empty ({fix})")
+    if "@" in v:
+        raise ValueError(f"{v[:120]!r} holds a user ({fix})")
+    if ":" in v or "[" in v:
+        try:
+            ipaddress.IPv6Address(v)
+        except ValueError:
+            raise ValueError(f"{v[:120]!r} is not a host name nor an IPv6 address (a port "
+                             f"or brackets?) ({fix})") from None
+        return v
+    if not _HOST_NAME.fullmatch(v):
+        raise ValueError(f"{v[:120]!r} is not a host name ({fix})")
     return v
 
 
@@ -82,9 +106,9 @@ class Strict(BaseModel):
 
 def _check_env(env: dict[str, str]) -> dict[str, str]:
     for name, value in env.items():
-        if not _ENV_NAME.match(name):
+        if not _ENV_NAME.fullmatch(name):
             raise ValueError(f"environment name {name!r} is not a valid variable name")
-        if not _SAFE_TEXT.match(value):
+        if not _SAFE_TEXT.fullmatch(value):
             raise ValueError(f"environment value of {name} contains a control character")
     return env
 
@@ -174,17 +198,22 @@ class HostVars(Strict):
             raise ValueError(f"{phase_error(bad)} (use one of: {', '.join(WATCHED_PHASES)})")
         return v
 
+    @field_validator("address")
+    @classmethod
+    def _address(cls, v: str) -> str:
+        return check_address(v)
+
     @field_validator("service")
     @classmethod
     def _unit_name(cls, v: str) -> str:
-        if not _UNIT_NAME.match(v):
+        if not _UNIT_NAME.fullmatch(v):
             raise ValueError("must be a unit name: letters, digits, '_', '.', '@', '-'")
         return v
 
     @field_validator("service_user")
     @classmethod
     def _user(cls, v: str) -> str:
-        if not _USER_NAME.match(v):
+        if not _USER_NAME.fullmatch(v):
             raise ValueError("must be a POSIX user name")
         return v
 
@@ -208,7 +237,7 @@ class HostVars(Strict):
     @classmethod
     def _fingerprints(cls, v: list[str]) -> list[str]:
         for fp in v:
-            if not _FINGERPRINT.match(fp):
+            if not _FINGERPRINT.fullmatch(fp):
                 raise ValueError(
                     f"{fp!r} is not a SHA256 fingerprint (write it as ssh-keygen -lf "
                     "prints it: SHA256: and 43 base64 characters)"
@@ -219,7 +248,7 @@ class HostVars(Strict):
     @classmethod
     def _secret_names(cls, v: list[str]) -> list[str]:
         for name in v:
-            if not _ENV_NAME.match(name):
+            if not _ENV_NAME.fullmatch(name):
                 raise ValueError(f"{name!r} is not a valid variable name")
         return v
 
@@ -322,7 +351,7 @@ class Stack(Strict):
             from packaging.version import InvalidVersion, Version
 
             for name in (self.package, *self.needs):
-                if not _PKG_NAME.match(name):
+                if not _PKG_NAME.fullmatch(name):
                     raise ValueError(f"{name!r} is not a package name")
             if self.version is not None:
                 try:
@@ -352,7 +381,7 @@ class Stack(Strict):
                 if len(group) < 2:
                     raise ValueError(f"a same_version group needs two packages or more: {group}")
                 for name in group:
-                    if not _PKG_NAME.match(name):
+                    if not _PKG_NAME.fullmatch(name):
                         raise ValueError(f"{name!r} is not a package name")
             return v
 
@@ -397,7 +426,7 @@ class Stack(Strict):
         from packaging.version import InvalidVersion, Version
 
         for name, version in v.items():
-            if not _PKG_NAME.match(name):
+            if not _PKG_NAME.fullmatch(name):
                 raise ValueError(f"{name!r} is not a package name")
             try:
                 Version(version)
@@ -411,7 +440,7 @@ class Stack(Strict):
     @classmethod
     def _names(cls, v: list[str]) -> list[str]:
         for name in v:
-            if not _PKG_NAME.match(name):
+            if not _PKG_NAME.fullmatch(name):
                 raise ValueError(f"{name!r} is not a package name")
         return v
 

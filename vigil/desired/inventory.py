@@ -302,7 +302,7 @@ class Inventory:
         return found[0] if found else None
 
     def _named(self, kind: str, model: type[M], name: str) -> M:
-        if not NAME.match(name):
+        if not NAME.fullmatch(name):
             # --model /some/path or ../../x would read a file outside the inventory
             raise ConfigError(
                 f"{kind[:-1]} name {name[:120]!r} is not a name",

@@ -217,7 +217,7 @@ def redact_env_text(text: str, public: frozenset[str], shown: frozenset[str],
             out.append(line)
             continue
         digest = hmac.new(key, value.encode(errors="replace"), hashlib.sha256).hexdigest()
-        label = f"{name}=" if sep and _SAFE_NAME.match(name.strip()) else "(a line) "
+        label = f"{name}=" if sep and _SAFE_NAME.fullmatch(name.strip()) else "(a line) "
         out.append(f"{label}{MASK} (hash {digest[:10]})")
     return "\n".join(out)
 
@@ -251,7 +251,7 @@ def render(
     for name in host.secret_env:
         env[name] = operator_env.get(name, "")
     for name, value in env.items():
-        if not re.match(r"^[^\x00-\x1f\x7f]*$", value):
+        if not re.fullmatch(r"[^\x00-\x1f\x7f]*", value):
             raise ConfigError(f"value of {name} contains a control character", key=name)
     secrets = frozenset(n for n in env if is_secret(n, frozenset(host.secret_env)))
     argv = list(argv) if argv is not None else vllm_argv(paths.python, host, profile)

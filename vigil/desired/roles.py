@@ -5,6 +5,7 @@ A role is a folder::
     roles/<name>/defaults.yml    every value a user may want to change (lowest precedence)
     roles/<name>/role.yml        user roles: files to place and units to enable
     roles/<name>/templates/*.j2  Jinja2 templates (StrictUndefined)
+    roles/allow.yml              the ops repo's own allow-list (below), outside every role
 
 The built-in roles (preflight, runtime, service, verify) are planned by the engine; their
 defaults are host variables (every key is a ``HostVars`` field). A user role is planned
@@ -14,6 +15,17 @@ changes; the units it lists are enabled and kept running. Nothing in the engine 
 when a user adds one.
 
 Precedence, lowest first: role defaults < group_vars/all < group < host < ``--set``.
+
+A role may come from someone else's repository, and it runs as root on the hosts, so it is
+confined at load (``confine``): a file goes under the role's own folders (``ROOTS``:
+``/etc/vigil/<role>/``, ``/opt/vigil/<role>/``, ``/var/lib/vigil/roles/<role>/``) or into
+a systemd unit folder as one of the role's own units (named ``<role>…`` or
+``vigil-<role>…``, or a drop-in ``<unit>.d/*.conf`` of one); it restarts and enables only
+units it places. Anything else must be named for that role in ``roles/allow.yml``::
+
+    node-exporter:
+      paths: [/etc/default/node-exporter, /etc/nginx/conf.d/]  # a file, or a folder (/)
+      units: [nginx.service]                                   # restart, enable, place
 """
 
 from __future__ import annotations
@@ -41,7 +53,14 @@ _VAR_NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
 _SAFE = re.compile(r"^[^\x00-\x1f\x7f]*$")
 _UNIT = r"^[A-Za-z0-9][A-Za-z0-9_.@-]*\.(service|timer|socket|path|target|mount)$"
 _DEST = r"^/[^\x00-\x1f\x7f]+$"
+_UNIT_RE = re.compile(_UNIT[1:-1])  # names are checked with fullmatch: `$` passes a "\n"
 UNIT_DIRS = ("/etc/systemd/system/", "/run/systemd/system/", "/usr/local/lib/systemd/system/")
+# A user role's own folders on a host, {role} its name. /var/lib/vigil/<service> is a
+# service's state, so a role's state lives one level down, in roles/.
+ROOTS = ("/etc/vigil/{role}/", "/opt/vigil/{role}/", "/var/lib/vigil/roles/{role}/")
+# Folders vigil itself keeps under those roots (env_root's default, uv): never a role's.
+RESERVED = ("envs", "bin", "roles", "backup", "history")
+ALLOW_FILE = "allow.yml"
 
 Unit = Annotated[str, Field(pattern=_UNIT)]
 
@@ -49,10 +68,15 @@ Unit = Annotated[str, Field(pattern=_UNIT)]
 class RoleFile(Strict):
     template: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
                           description="a file in the role's templates/ folder")
-    dest: str = Field(pattern=_DEST, description="absolute path on the host")
+    dest: str = Field(pattern=_DEST, description=(
+        "absolute path on the host, in the role's own folders (/etc/vigil/<role>/, "
+        "/opt/vigil/<role>/, /var/lib/vigil/roles/<role>/), a systemd unit folder for one "
+        "of its own units (<role>… or vigil-<role>…, or a drop-in <unit>.d/*.conf), or a "
+        "path roles/allow.yml names for the role"))
     mode: str = Field("0644", pattern=r"^0?[0-7]{3}$")
     owner: str = Field("root", pattern=r"^[a-z_][a-z0-9_-]*(:[a-z_][a-z0-9_-]*)?$")
-    restart: Unit | None = Field(None, description="unit to restart when this file changes")
+    restart: Unit | None = Field(None, description="unit to restart when this file changes: "
+                                 "one the role places, or roles/allow.yml names")
 
     @field_validator("dest")
     @classmethod
@@ -65,7 +89,8 @@ class RoleFile(Strict):
 
 class RoleSpec(Strict):
     files: list[RoleFile] = Field(default_factory=list)
-    enable: list[Unit] = Field(default_factory=list, description="units enabled and running")
+    enable: list[Unit] = Field(default_factory=list, description=(
+        "units enabled and running: ones the role places, or roles/allow.yml names"))
 
     @field_validator("files")
     @classmethod
@@ -74,6 +99,23 @@ class RoleSpec(Strict):
         dup = next((d for d in seen if seen.count(d) > 1), None)
         if dup:
             raise ValueError(f"{dup} is placed twice")
+        return v
+
+
+class Allow(Strict):
+    """What the ops repo lets one user role touch beyond its own folders and units."""
+
+    paths: list[Annotated[str, Field(pattern=_DEST)]] = Field(
+        default_factory=list, description="files, or folders ending in /, the role may write")
+    units: list[Unit] = Field(default_factory=list,
+                              description="units the role may place, restart and enable")
+
+    @field_validator("paths")
+    @classmethod
+    def _plain(cls, v: list[str]) -> list[str]:
+        for p in v:
+            if any(part in ("", ".", "..") for part in p[1:].rstrip("/").split("/")):
+                raise ValueError(f"{p!r}: write a plain absolute path (no '..', '.', '//')")
         return v
 
 
@@ -94,7 +136,7 @@ class Role:
 
 
 def check_name(name: object, where: str) -> str:
-    if not isinstance(name, str) or not ROLE_NAME.match(name):
+    if not isinstance(name, str) or not ROLE_NAME.fullmatch(name):
         raise ConfigError(
             f"role name {name!r} is not valid", file=where, key="roles",
             fix="a role is a folder under roles/: lower-case letters, digits and dashes",
@@ -102,8 +144,95 @@ def check_name(name: object, where: str) -> str:
     return name
 
 
-def load_role(roles_dir: Path, name: str) -> Role:
-    """One role folder, validated: defaults, role.yml and every template it names."""
+def _own_unit(unit: str, role: str, allowed: Sequence[str]) -> bool:
+    """A unit the role may place: named for it (``<role>…``/``vigil-<role>…``) or allowed."""
+    stem = unit.split("@", 1)[0].rsplit(".", 1)[0]
+    mine = any(stem == p or stem.startswith(p + "-") for p in (role, f"vigil-{role}"))
+    return mine or unit in allowed
+
+
+def _unit_placed(dest: str) -> str | None:
+    """The unit a file in a systemd unit folder is (a drop-in: the unit it amends), or
+    None when it is neither a unit file nor a drop-in directly under a unit folder."""
+    base = next((d for d in UNIT_DIRS if dest.startswith(d)), None)
+    if base is None:
+        return None
+    rest = dest[len(base):].split("/")
+    if len(rest) == 1 and _UNIT_RE.fullmatch(rest[0]):
+        return rest[0]
+    if len(rest) == 2 and rest[0].endswith(".d") and rest[1].endswith(".conf") \
+            and _UNIT_RE.fullmatch(rest[0][:-2]):
+        return rest[0][:-2]
+    return ""
+
+
+def confine(name: str, spec: RoleSpec, allow: Allow, sfile: str) -> None:
+    """Refuse a user role's file outside its own folders and units, and a restart or an
+    enable of a unit it does not place (see the module's docstring), unless allowed."""
+    def allowed(dest: str) -> bool:
+        return any(dest == p or (p.endswith("/") and dest.startswith(p)) for p in allow.paths)
+
+    fix_allow = f"or name it for role {name} in {ALLOW_FILE} beside the role folders"
+    placed: list[str] = []
+    for i, f in enumerate(spec.files):
+        unit = _unit_placed(f.dest)
+        if unit and _own_unit(unit, name, allow.units):
+            placed.append(unit)
+            continue
+        roots = [r.format(role=name) for r in ROOTS]
+        if (unit is None and any(f.dest.startswith(r) for r in roots)
+                and name not in RESERVED) or allowed(f.dest):
+            continue
+        if unit:
+            why = (f"{unit} is not one of the role's own units (named {name}… or "
+                   f"vigil-{name}…)")
+            fix = f"name the unit {name}.service or vigil-{name}.service, {fix_allow}"
+        elif name in RESERVED and unit is None and any(f.dest.startswith(r) for r in roots):
+            why = f"{name!r} is a folder vigil keeps itself under those roots"
+            fix = f"rename the role, {fix_allow}"
+        else:
+            why = "outside the role's own folders"
+            fix = f"place it under {', '.join(roots)} or a unit folder, {fix_allow}"
+        raise ConfigError(f"{f.dest!r}: {why}", file=sfile, key=f"files.{i}.dest", fix=fix)
+    units = set(placed) | set(allow.units)
+
+    def may(unit: str) -> bool:
+        template = re.sub(r"@[^.]*\.", "@.", unit, count=1)  # an instance of a placed template
+        return unit in units or template in units
+
+    for i, f in enumerate(spec.files):
+        if f.restart and not may(f.restart):
+            raise ConfigError(f"{f.restart!r}: the role does not place this unit",
+                              file=sfile, key=f"files.{i}.restart",
+                              fix=f"restart a unit the role places, {fix_allow} (units:)")
+    for i, u in enumerate(spec.enable):
+        if not may(u):
+            raise ConfigError(f"{u!r}: the role does not place this unit", file=sfile,
+                              key=f"enable.{i}",
+                              fix=f"enable a unit the role places, {fix_allow} (units:)")
+
+
+def read_allow(roles_dir: Path) -> dict[str, Allow]:
+    """The ops repo's ``roles/allow.yml``: role name -> what it may touch beyond its own."""
+    afile = roles_dir / ALLOW_FILE
+    if not afile.is_file():
+        return {}
+    data = read_yaml(afile)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError("expected a mapping of role names to paths: and units:",
+                          file=str(afile), fix="e.g. my-role: {paths: [/etc/my-role.conf]}")
+    allow: dict[str, Allow] = {}
+    for key, value in data.items():
+        check_name(key, str(afile))
+        allow[key] = parse_model(Allow, value, f"{afile}: {key}")
+    return allow
+
+
+def load_role(roles_dir: Path, name: str, allow: Allow | None = None) -> Role:
+    """One role folder, validated: defaults, role.yml and every template it names; a user
+    role's files and units confined (``allow``: the ops repo's allow-list for it)."""
     check_name(name, str(roles_dir))
     folder = roles_dir / name
     if not folder.is_dir():
@@ -121,7 +250,7 @@ def load_role(roles_dir: Path, name: str) -> Role:
             raise ConfigError(f"unknown key {key!r}: a built-in role's defaults are host "
                               "variables", file=str(dfile), key=str(key))
         if name not in BUILTIN:
-            if not isinstance(key, str) or not _VAR_NAME.match(key):
+            if not isinstance(key, str) or not _VAR_NAME.fullmatch(key):
                 raise ConfigError(f"variable name {key!r} is not valid", file=str(dfile),
                                   fix="lower-case letters, digits and '_'")
             if key in HostVars.model_fields:
@@ -135,13 +264,15 @@ def load_role(roles_dir: Path, name: str) -> Role:
         if not (folder / "templates" / f.template).is_file():
             raise ConfigError(f"template {f.template!r} not found in {folder / 'templates'}",
                               file=str(sfile), key=f"files.{i}.template")
+    if name not in BUILTIN:
+        confine(name, spec, allow or Allow(), str(sfile))
     return Role(name, folder, dict(defaults), spec)
 
 
 def names(roles_dir: Path) -> list[str]:
     if not roles_dir.is_dir():
         return []
-    return sorted(p.name for p in roles_dir.iterdir() if p.is_dir() and ROLE_NAME.match(p.name))
+    return sorted(p.name for p in roles_dir.iterdir() if p.is_dir() and ROLE_NAME.fullmatch(p.name))
 
 
 RolesDirs = Path | Sequence[Path]
@@ -160,8 +291,9 @@ def load_all(roles_dir: RolesDirs) -> dict[str, Role]:
     that folder has; see ``overlay``."""
     roles: dict[str, Role] = {}
     for folder in reversed(search_path(roles_dir)):
+        allow = read_allow(folder) if folder != ROLES_DIR else {}
         for n in names(folder):
-            role = load_role(folder, n)
+            role = load_role(folder, n, allow.get(n))
             roles[n] = overlay(roles[n], role) if n in roles and n in BUILTIN else role
     missing = [n for n in BUILTIN if n not in roles]
     if missing:
@@ -217,7 +349,7 @@ def check_value(key: str, value: object, default: object, where: str) -> None:
         raise ConfigError(f"{key}: expected {type(default).__name__} like the role's default "
                           f"{default!r}, got {value!r}", file=where, key=key)
     # values land in unit files: a newline would start a new setting there
-    if isinstance(value, str) and not _SAFE.match(value):
+    if isinstance(value, str) and not _SAFE.fullmatch(value):
         raise ConfigError(f"{key}: the value contains a control character", file=where, key=key)
 
 
