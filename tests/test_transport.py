@@ -228,3 +228,47 @@ def test_a_proxyjump_hop_from_ssh_config_is_host_key_checked_like_the_host(
         assert t.run("hostname").stdout.strip() == HOST
     finally:
         t.close()
+
+
+def test_ssh_config_decides_what_the_inventory_does_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As with ssh and Ansible: ~/.ssh/config's HostName, User and Port apply where the
+    inventory sets nothing; the inventory's own ssh_user/ssh_port win; vigil's defaults
+    (root, 22) only where neither says. sudo follows the user actually logged in as."""
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "config").write_text(
+        "Host bw-01\n  HostName 10.9.9.9\n  User deploy\n  Port 2222\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    from vigil.transport.ssh import SSHTransport
+
+    hv = HostVars.model_validate({"address": "bw-01", "sudo": True})
+    by_config = SSHTransport("bw-01", hv)
+    assert (by_config.login_user, by_config.login_port, by_config.conn.host) == (
+        "deploy", 2222, "10.9.9.9")
+    assert privileged("id", hv, by_config) == "sudo -n -- bash -c id"
+    mine = SSHTransport("bw-01", HostVars.model_validate(
+        {"address": "bw-01", "ssh_user": "root", "ssh_port": 22, "sudo": True}))
+    assert (mine.login_user, mine.login_port) == ("root", 22)
+    assert privileged("id", mine.host, mine) == "id"
+    other = SSHTransport("x", HostVars.model_validate({"address": "x.example"}))
+    assert (other.login_user, other.login_port) == ("root", 22)
+
+
+@pytest.mark.lab
+def test_a_host_reached_by_its_ssh_config_alias_alone(
+    lab_hosts: list[lab.HostStatus], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The inventory names only an alias; ~/.ssh/config gives HostName, Port, User and
+    IdentityFile, and the host key is checked under the real name and port."""
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "config").write_text(
+        f"Host lab-by-alias\n  HostName 127.0.0.1\n  Port {lab.host_port(INDEX)}\n"
+        f"  User root\n  IdentityFile {lab.key_path()}\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    hv = HostVars.model_validate({"address": "lab-by-alias",
+                                  "known_hosts": str(lab.known_hosts_path())})
+    t = connect(HOST, hv)
+    try:
+        assert t.run("hostname").stdout.strip() == HOST
+    finally:
+        t.close()

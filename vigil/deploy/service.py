@@ -119,7 +119,7 @@ def follow(transport: Transport, hv: HostVars, lines: int,
     stream, not one JSON reply: the one thing on the host that is not an agent verb)."""
     held = transport.hold(privileged(
         f"journalctl -u {shlex.quote(hv.service)} -n {int(lines)} --no-pager -o short-iso -f",
-        hv))
+        hv, transport))
     try:
         while (line := held.readline(timeout=3600)) != "":
             if line:
@@ -156,7 +156,8 @@ def rollback(transport: Transport, hv: HostVars, *, wait: bool, settings: watch.
             return None
         served = status(transport, hv).served_name or ""
         return watch.watch_service(name, transport, probe_target(hv, served), settings,
-                                   state_dir, privileged_fn=lambda cmd: privileged(cmd, hv),
+                                   state_dir,
+                                   privileged_fn=lambda cmd: privileged(cmd, hv, transport),
                                    on_poll=Reporter(live=False, emit=log).poll)
 
 

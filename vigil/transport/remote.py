@@ -117,5 +117,5 @@ def call(
     timeout: float | None = 120,
     python: str | None = None,
 ) -> dict[str, Any]:
-    return call_with(transport, lambda c: privileged(c, host), verb, request,
+    return call_with(transport, lambda c: privileged(c, host, transport), verb, request,
                      timeout=timeout, python=python)

@@ -104,9 +104,11 @@ class Held(Protocol):
     def release(self) -> None: ...
 
 
-def privileged(command: str, host: HostVars) -> str:
-    """Run as root: directly for root, through non-interactive sudo when allowed."""
-    if host.ssh_user == "root" or host.connection == "local" or not host.sudo:
+def privileged(command: str, host: HostVars, transport: object = None) -> str:
+    """Run as root: directly for root, through non-interactive sudo when allowed. The
+    user is the one the transport logged in as (the inventory's, else ~/.ssh/config's)."""
+    user = getattr(transport, "login_user", None) or host.ssh_user
+    if user == "root" or host.connection == "local" or not host.sudo:
         return command
     return f"sudo -n -- bash -c {shlex.quote(command)}"
 
@@ -405,12 +407,22 @@ class SSHTransport(Closing):
                                              "auth_timeout": host.connect_timeout_s}
         if host.ssh_key:
             connect_kwargs["key_filename"] = str(Path(host.ssh_key).expanduser())
+        # ~/.ssh/config decides what the inventory does not (as ssh and Ansible do): its
+        # User, Port, HostName, IdentityFile and ProxyJump; vigil's defaults (root, 22)
+        # only where neither says.
+        given = host.model_fields_set
         self.conn = Connection(
             host.address,
-            user=host.ssh_user,
-            port=host.ssh_port,
+            user=host.ssh_user if "ssh_user" in given else None,
+            port=host.ssh_port if "ssh_port" in given else None,
             connect_kwargs=connect_kwargs,
         )
+        if "ssh_user" not in given and "user" not in self.conn.ssh_config:
+            self.conn.user = host.ssh_user
+        if "ssh_port" not in given and "port" not in self.conn.ssh_config:
+            self.conn.port = host.ssh_port
+        self.login_user: str = str(self.conn.user)
+        self.login_port: int = int(self.conn.port)
         # Fabric truncates a connect timeout to int (0.5 s -> 0 = none at all).
         self.conn.connect_timeout = host.connect_timeout_s
         client = self.conn.client
@@ -473,11 +485,11 @@ class SSHTransport(Closing):
         client.set_missing_host_key_policy(_Hop(policy, hop) if hop else policy)
 
     def _where(self) -> str:
-        return f"{self.host.ssh_user}@{self.host.address}:{self.host.ssh_port}"
+        return f"{self.login_user}@{self.conn.host}:{self.login_port}"
 
     def _key_name(self) -> str:
         host = str(self.conn.host)
-        return host if self.host.ssh_port == 22 else f"[{host}]:{self.host.ssh_port}"
+        return host if self.login_port == 22 else f"[{host}]:{self.login_port}"
 
     def _searched(self) -> str:
         return ", ".join(str(p) for p in self.key_files) or "no readable known_hosts file"
@@ -529,7 +541,7 @@ class SSHTransport(Closing):
                     f"by @cert-authority {where}: vigil's SSH (paramiko) cannot check host "
                     "certificates, so it trusts no host on a CA's word",
                     fix="after checking the key against the host's certificate, add it: "
-                    f"ssh-keyscan -p {self.host.ssh_port} {self.host.address} >> "
+                    f"ssh-keyscan -p {self.login_port} {self.conn.host} >> "
                     f"~/.ssh/known_hosts; or pin it with host_key_fingerprints: "
                     f"[{fingerprint(exc.key)}]",
                 ) from None
@@ -542,8 +554,8 @@ class SSHTransport(Closing):
             raise UnreachableError(
                 self.name, f"host key of {self._where()} ({seen}) is unknown: in none of "
                 f"{self._searched()}",
-                fix=f"after verifying it: ssh-keyscan -p {self.host.ssh_port} "
-                f"{self.host.address} >> ~/.ssh/known_hosts; or pin it with "
+                fix=f"after verifying it: ssh-keyscan -p {self.login_port} "
+                f"{self.conn.host} >> ~/.ssh/known_hosts; or pin it with "
                 f"host_key_fingerprints: [{fingerprint(exc.key)}]; or trust on first use "
                 "with host_key: accept-new",
             ) from None
@@ -688,7 +700,7 @@ def host_lock(
         f"LOCK={shlex.quote(path)} WAIT={int(timeout)} OWNER={shlex.quote(owner)} "
         f"bash -c {shlex.quote(_LOCK_SCRIPT)}"
     )
-    held = transport.hold(privileged(script, host))
+    held = transport.hold(privileged(script, host, transport))
     try:
         deadline = time.monotonic() + timeout + 30
         while True:

@@ -342,7 +342,8 @@ def verify_group(
                 cache_dir=t.rendered.paths.cache, python=t.rendered.paths.python,
                 model=served_name(t.profile), api_key=t.rendered.env.get("VLLM_API_KEY"),
                 max_lines=settings.max_lines)
-            poller = Poller(transport, target, partial(_privileged, host=t.vars), settings)
+            poller = Poller(transport, target,
+                            partial(_privileged, host=t.vars, transport=transport), settings)
             probes[node.name] = poller.probe
             if node.rank == 0:
                 head_poller = poller
@@ -397,7 +398,7 @@ def _ray_join(transport: Transport, group: NodeGroup) -> RayJoin:
     head = f"{group.master_addr}:{group.spec.ray_port}"
     command = privileged(
         f"{shlex.quote(t.rendered.paths.python)} -c {shlex.quote(RAY_NODES)} "
-        f"{shlex.quote(head)}", t.vars)
+        f"{shlex.quote(head)}", t.vars, transport)
     try:
         r = transport.run(command, timeout=120)
     except VigilError as exc:
@@ -420,8 +421,8 @@ def every(seconds: float, check: Callable[[], RayJoin],
     return cached
 
 
-def _privileged(command: str, host: HostVars) -> str:
-    return privileged(command, host)
+def _privileged(command: str, host: HostVars, transport: Transport) -> str:
+    return privileged(command, host, transport)
 
 
 def _open(path: Path) -> IO[str]:

@@ -323,7 +323,7 @@ def _verify_on(t: Target, transport: Transport, settings: Settings, state_dir: P
             model=smoke.served_name(t.profile), api_key=t.rendered.env.get("VLLM_API_KEY"),
             max_lines=settings.max_lines,
         )
-        poller = Poller(transport, target, lambda c: privileged(c, t.vars), settings)
+        poller = Poller(transport, target, lambda c: privileged(c, t.vars, transport), settings)
         first = poller.probe(None)
         unit = first.unit
         if unit is not None and unit.error is None and unit.active_state == "inactive" \
