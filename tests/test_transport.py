@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import threading
 import time
@@ -12,7 +13,7 @@ import pytest
 
 from lab import hosts as lab
 from vigil.desired.config import HostVars
-from vigil.errors import LockTimeoutError, UnreachableError
+from vigil.errors import ConfigError, LockTimeoutError, UnreachableError
 from vigil.transport.remote import call
 from vigil.transport.ssh import LocalTransport, connect, host_lock, privileged
 
@@ -272,3 +273,46 @@ def test_a_host_reached_by_its_ssh_config_alias_alone(
         assert t.run("hostname").stdout.strip() == HOST
     finally:
         t.close()
+
+
+def test_a_missing_ssh_key_is_bad_input_before_anything_is_contacted(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as err:
+        connect("bw-01", HostVars.model_validate(
+            {"address": "10.255.255.1", "ssh_key": str(tmp_path / "no-such-key")}))
+    assert err.value.exit_code == 2
+    assert f"host bw-01: ssh_key {tmp_path / 'no-such-key'} does not exist" in str(err.value)
+
+
+def test_a_connection_closed_at_once_is_not_called_a_timeout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sshd's MaxStartups, tcp wrappers or a ban close the connection at once: said so,
+    with the time it took, not "timed out after 10 s"."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    port = listener.getsockname()[1]
+
+    def close_each() -> None:
+        for _ in range(4):
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.close()
+
+    threading.Thread(target=close_each, daemon=True).start()
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    t = connect("h1", HostVars.model_validate(
+        {"address": "127.0.0.1", "ssh_port": port, "known_hosts": str(known),
+         "connect_timeout_s": 10}))
+    try:
+        with pytest.raises(UnreachableError) as err:
+            t.run("true")
+    finally:
+        t.close()
+        listener.close()
+    message = str(err.value)
+    assert f"root@127.0.0.1:{port} closed the connection before its SSH banner" in message
+    assert "timed out" not in message and "MaxStartups" in message

@@ -37,6 +37,7 @@ import paramiko
 from vigil.desired.config import HostVars
 from vigil.desired.render import lock_path
 from vigil.errors import (
+    ConfigError,
     HostError,
     LockLostError,
     LockTimeoutError,
@@ -406,7 +407,12 @@ class SSHTransport(Closing):
         connect_kwargs: dict[str, object] = {"banner_timeout": host.connect_timeout_s,
                                              "auth_timeout": host.connect_timeout_s}
         if host.ssh_key:
-            connect_kwargs["key_filename"] = str(Path(host.ssh_key).expanduser())
+            key = Path(host.ssh_key).expanduser()
+            if not key.is_file():  # local input: refused before anything is contacted
+                raise ConfigError(f"host {name}: ssh_key {key} does not exist",
+                                  key="ssh_key", fix="point ssh_key at the deploy key's "
+                                  "private key file on this machine")
+            connect_kwargs["key_filename"] = str(key)
         # ~/.ssh/config decides what the inventory does not (as ssh and Ansible do): its
         # User, Port, HostName, IdentityFile and ProxyJump; vigil's defaults (root, 22)
         # only where neither says.
@@ -502,6 +508,7 @@ class SSHTransport(Closing):
     def _connect(self) -> paramiko.Transport:
         if self.conn.is_connected:
             return self._transport()
+        started = time.monotonic()
         try:
             self.conn.open()
             self._check_revoked()
@@ -563,6 +570,14 @@ class SSHTransport(Closing):
             text = str(exc)
             # A banner timeout kills paramiko's transport thread; the client then only
             # reports "No existing session".
+            quick = time.monotonic() - started < self.host.connect_timeout_s / 2
+            if quick and "banner" in text.lower():
+                raise UnreachableError(
+                    self.name, f"{self._where()} closed the connection before its SSH banner "
+                    f"(after {time.monotonic() - started:.1f} s)",
+                    fix="sshd refused this client at once: its MaxStartups, tcp wrappers or "
+                    "a ban (fail2ban); check the host's sshd log",
+                ) from None
             if "banner" in text.lower() or "no existing session" in text.lower():
                 raise UnreachableError(
                     self.name,
