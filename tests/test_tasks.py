@@ -130,3 +130,18 @@ def test_every_task_refuses_a_misspelled_phase_before_any_host(inv: Path, task: 
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert "no watched phase named 'kv_cahce' - did you mean 'kv_cache'?" in proc.stderr
     assert (proc.stdout + proc.stderr).count("phase_budget_s") == 1
+
+
+@pytest.mark.parametrize("task", ["deploy", "rollback"])
+def test_a_task_that_changes_hosts_acts_on_none_unless_told_which(inv: Path,
+                                                                 task: str) -> None:
+    """No --hosts is no host, not every host (all is said, never implied); bad --forks is
+    refused the same way, before any host is touched."""
+    proc = invoke(inv, task)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert f"{task} changes hosts: say which" in proc.stderr
+    assert "required (--hosts all for every host)" in " ".join(
+        invoke(inv, task, "--help").stdout.split())
+    if task == "deploy":
+        forks = invoke(inv, task, "--hosts", "here", "--forks", "0")
+        assert forks.returncode == 2 and "0 hosts at once: at least 1" in forks.stderr

@@ -58,6 +58,11 @@ def gather(transport: Transport, t: Target) -> HostFacts:
     return parse_facts(t.name, call(transport, t.vars, "facts", agent_request(t), timeout=120))
 
 
+# Hosts deployed at once by default: threads mostly wait on SSH, and 32 hosts go in one
+# wave (bench/fleet); --forks bounds it for a larger fleet or a weak controller.
+FORKS = 32
+
+
 @dataclass(frozen=True)
 class Options:
     check: bool = False
@@ -68,6 +73,7 @@ class Options:
     watch: WatchSettings = field(default_factory=WatchSettings)
     state_dir: Path = Path("state")  # traces and the history mirror
     hooks: Hooks | None = None  # drain: controller commands around a restart
+    forks: int = FORKS  # hosts worked on at once
 
 
 def apply_install(
@@ -242,6 +248,5 @@ def deploy(targets: list[Target], opts: Options, log: Log) -> list[HostResult]:
         phase_defaults(t.vars.phase_budget_s, t.vars.stall_window_s)
     if len(targets) == 1:
         return [deploy_host(targets[0], opts, log)]
-    # threads mostly wait on SSH: 32 hosts in one wave, not two (bench/fleet)
-    with ThreadPoolExecutor(max_workers=min(64, len(targets))) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, min(opts.forks, len(targets)))) as pool:
         return list(pool.map(lambda t: deploy_host(t, opts, log), targets))

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from vigil.deploy import service
-from vigil.deploy.apply import Options, deploy_host
+from vigil.deploy.apply import FORKS, Options, deploy_host
 from vigil.deploy.hooks import Hooks
 from vigil.desired.targets import Target
 from vigil.errors import ConfigError, InternalError, VigilError
@@ -210,7 +210,7 @@ def run(targets: Sequence[Target], opts: Options, log: Log, *, serial: str | Non
         def rollback_one(t: Target) -> HostResult:
             return rollback_host(t, opts.watch, opts.state_dir, log, opts.hooks)
     return roll(targets, batches, budget, lambda t: deploy_host(t, opts, log), log,
-                rollback_one=rollback_one, serial=serial or "")
+                rollback_one=rollback_one, serial=serial or "", forks=opts.forks)
 
 
 DeployOne = Callable[[Target], HostResult]
@@ -218,7 +218,8 @@ DeployOne = Callable[[Target], HostResult]
 
 def roll(targets: Sequence[Target], batches: list[list[str]], budget: Budget,
          deploy_one: DeployOne, log: Log, *,
-         rollback_one: DeployOne | None = None, serial: str = "") -> Rollout:
+         rollback_one: DeployOne | None = None, serial: str = "",
+         forks: int = FORKS) -> Rollout:
     """Deploy batch after batch; stop past the budget. ``deploy_one`` must return only once
     its host is proven ready or has failed (``deploy_host`` with wait does)."""
     by_name = {t.name: t for t in targets}
@@ -230,7 +231,8 @@ def roll(targets: Sequence[Target], batches: list[list[str]], budget: Budget,
         log("rollout", f"batch {i}/{len(batches)}: {', '.join(names)}")
         t0 = time.monotonic()
         batch.offset_s = round(t0 - started, 2)
-        with ThreadPoolExecutor(max_workers=len(names)) as pool:  # the whole batch at once
+        # the whole batch at once, up to --forks
+        with ThreadPoolExecutor(max_workers=max(1, min(forks, len(names)))) as pool:
             batch.results = list(pool.map(lambda n: deploy_one(by_name[n]), names))
         batch.seconds = round(time.monotonic() - t0, 2)
         failed = batch.failed

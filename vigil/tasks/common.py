@@ -33,6 +33,16 @@ SEVERITY = (ExitCode.BAD_INPUT, ExitCode.TIMED_OUT, ExitCode.STALLED, ExitCode.C
             ExitCode.STOPPED, ExitCode.ROLLOUT_STOPPED, ExitCode.FAILED)
 
 T = TypeVar("T")
+# Tasks that change hosts act on no host by default: `all` is said, never implied.
+CHANGING_HOSTS_HELP = HOSTS_HELP + "; required (--hosts all for every host)"
+
+
+def hosts_given(hosts: str | None, task: str) -> str:
+    if hosts is None or not hosts.strip():
+        raise ConfigError(f"{task} changes hosts: say which", key="--hosts",
+                          fix=f"vigil {task} --hosts NAME (a host, a group, a pattern, or "
+                          "all for every host)")
+    return hosts
 INVENTORY_HELP = ("inventory folder (default: the project's: vigil.yaml's inventory, else "
                   "./inventory); relative to the project root")
 

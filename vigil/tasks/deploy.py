@@ -10,13 +10,16 @@ from vigil.deploy import service
 from vigil.desired import review
 from vigil.desired import targets as targets_mod
 from vigil.desired.config import HostVars
+from vigil.errors import ConfigError
 from vigil.exitcodes import ExitCode
 from vigil.report import Log, echo, results_json, summary_table, write_json
 from vigil.tasks import pipeline
 from vigil.tasks.common import (
+    CHANGING_HOSTS_HELP,
     HOSTS_HELP,
     SET_HELP,
     exit_with,
+    hosts_given,
     load_inventory,
     out_path,
     setting,
@@ -31,7 +34,7 @@ from vigil.transport.ssh import Transport
 @vigil_task(
     help={
         "model": "model profile (inventory/models/NAME.yml); default: the host's `model`",
-        "hosts": HOSTS_HELP,
+        "hosts": CHANGING_HOSTS_HELP,
         "check": "show the plan and diffs, change nothing",
         "restart": "restart even when nothing changed",
         "stack": "runtime stack (inventory/stacks/NAME.yml); default: the host's `stack`",
@@ -52,13 +55,14 @@ from vigil.transport.ssh import Transport
         "(VIGIL_HOST, VIGIL_ADDRESS, VIGIL_PORT in its environment)",
         "after_ready": "command run on this machine once a restarted host is proven ready",
         "html": "write the rollout's picture (hosts x time, batches, verdicts) to this file",
+        "forks": "hosts worked on at once (default 32; a batch of --serial too)",
     },
     iterable=["set_"],
 )
 def deploy(
     c: Context,
     model: str | None = None,
-    hosts: str = "all",
+    hosts: str | None = None,
     check: bool = False,
     restart: bool = False,
     stack: str | None = None,
@@ -74,20 +78,25 @@ def deploy(
     before_stop: str | None = None,
     after_ready: str | None = None,
     html: str | None = None,
+    forks: int = deploy_mod.FORKS,
 ) -> None:
     """Plan, apply, restart only what changed, and wait until the service serves."""
     from vigil.deploy import rollout
     from vigil.deploy.hooks import Hooks
 
     with user_errors():
+        if forks < 1:
+            raise ConfigError(f"{forks} hosts at once: at least 1", key="--forks",
+                              fix=f"e.g. --forks {deploy_mod.FORKS}")
         targets = targets_mod.resolve(
-            load_inventory(c), hosts, model=model, stack=stack, sets=set_ or [],
-            template_dir=template_dirs(c),
+            load_inventory(c), hosts_given(hosts, "deploy"), model=model, stack=stack,
+            sets=set_ or [], template_dir=template_dirs(c),
         )
         log = Log(width=max(len(t.name) for t in targets))
         opts = deploy_mod.Options(check=check, restart=restart, wait=not no_wait,
                                   reinstall=reinstall, kill_stale=kill_stale,
                                   watch=watch_settings(c), state_dir=setting(c, "state_dir"),
+                                  forks=forks,
                                   hooks=Hooks.parse(before_stop, after_ready))
         if serial or max_fail or rollback_failed or junit or html:
             ro = rollout.run(targets, opts, log, serial=serial, max_fail=max_fail,
@@ -177,8 +186,9 @@ def logs(c: Context, hosts: str = "all", follow: bool = False, lines: int = 100)
     exit_with([int(r.error.exit_code) for r in runs if r.error is not None])
 
 
-@vigil_task(help={"hosts": HOSTS_HELP, "no_wait": "do not wait until the service serves"})
-def rollback(c: Context, hosts: str = "all", no_wait: bool = False) -> None:
+@vigil_task(help={"hosts": CHANGING_HOSTS_HELP,
+                  "no_wait": "do not wait until the service serves"})
+def rollback(c: Context, hosts: str | None = None, no_wait: bool = False) -> None:
     """Put the previous unit, env file and environment back, restart, wait until serving."""
     log = Log()
     with user_errors():
@@ -189,7 +199,7 @@ def rollback(c: Context, hosts: str = "all", no_wait: bool = False) -> None:
                                    state_dir=state_dir, log=log)
             return None if out is None else service.ready_pid(name, out)
 
-        runs = service.on_hosts(load_inventory(c), hosts, one)
+        runs = service.on_hosts(load_inventory(c), hosts_given(hosts, "rollback"), one)
     for r in runs:
         if r.error is not None:
             log(r.host, f"FAILED: {r.error}")
