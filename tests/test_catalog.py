@@ -529,3 +529,61 @@ def test_an_nccl_warn_is_a_hint_not_a_fatal(line: str) -> None:
     m = catalog.classify(line)
     assert (m.kind, m.cause, m.role, m.reached) == (
         "other", "nccl_error", "hint", "distributed_init")
+
+
+# -- issue 24: other platforms' wordings, new architectures ------------------------------
+
+
+@pytest.mark.parametrize(("line", "cause"), [
+    # torch's allocators per device (c10 CUDA/HIP, XPU; torch_npu; MPS)
+    ("RuntimeError: NPU out of memory. Tried to allocate 22.00 MiB (NPU 6; 60.97 GiB total "
+     "capacity; 10.24 GiB already allocated)", "out_of_memory"),
+    ("torch.OutOfMemoryError: XPU out of memory. Tried to allocate 772.00 MiB.", "out_of_memory"),
+    ("RuntimeError: MPS backend out of memory (MPS allocated: 17.8 GB)", "out_of_memory"),
+    ("RuntimeError: UR backend failed. UR backend returns:39 "
+     "(UR_RESULT_ERROR_OUT_OF_DEVICE_MEMORY)", "out_of_memory"),
+    # XLA on TPU, at compile and at allocation
+    ("RuntimeError: Bad StatusOr access: RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. "
+     "Ran out of memory in memory space hbm. Used 20.44G of 15.75G hbm.", "out_of_memory"),
+    ("jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Error allocating device buffer: "
+     "Attempting to allocate 1.00G. That was not possible. There are 800.00M free.",
+     "out_of_memory"),
+    # no code object for the device: HIP's wordings
+    ("torch.AcceleratorError: HIP error: invalid device function", "unsupported_gpu"),
+    ("hipErrorNoBinaryForGpu: Unable to find code object for all current devices!",
+     "unsupported_gpu"),
+    # CUTLASS quantized GEMMs without a kernel for the arch
+    ("NotImplementedError: Error in calling custom op cutlass_scaled_mm: No compiled "
+     "cutlass_scaled_mm for CUDA device capability: 120. Required capability: 90 or 100",
+     "quantization_unsupported"),
+    ("RuntimeError: [FP4 gemm Runner] Failed to initialize cutlass FP4 gemm. Error: Error "
+     "Internal", "quantization_unsupported"),
+    ("  /workspace/csrc/libtorch_stable/quantization/w8a8/cutlass/c3x/scaled_mm_helper.hpp:17",
+     "quantization_unsupported"),
+])
+def test_other_platforms_and_new_architectures_are_named(line: str, cause: str) -> None:
+    m = catalog.classify("(EngineCore_DP0 pid=3) ERROR 11-29 10:00:00 [core.py:1] " + line)
+    assert (m.kind, m.cause) == ("fatal", cause)
+
+
+def test_the_remedies_name_the_arch_the_line_names() -> None:
+    m = catalog.classify("NVIDIA GeForce RTX 5090 with CUDA capability sm_120 is not compatible "
+                         "with the current PyTorch installation.")
+    assert m.cause == "unsupported_gpu" and m.remedy is not None and "(sm_120)" in m.remedy
+    m = catalog.classify("No compiled cutlass_scaled_mm for a compute capability less than "
+                         "CUDA device capability: 75")
+    assert m.cause == "quantization_unsupported" and m.remedy is not None
+    assert "(compute capability 75)" in m.remedy and "VLLM_DISABLED_KERNELS" in m.remedy
+
+
+def test_a_colour_prefix_whose_escape_a_page_dropped_is_still_the_prefix() -> None:
+    line = catalog.parse_line("[1;36m(EngineCore_DP0 pid=149)[0;0m ERROR 12-08 22:23:04 "
+                              "[core.py:842] boom")
+    assert (line.proc, line.level, line.message) == ("EngineCore_DP0", "ERROR", "boom")
+    # a bracketed word elsewhere is text
+    assert catalog.parse_line("see [1m] here").message == "see [1m] here"
+
+
+def test_a_cutlass_status_word_in_prose_is_not_a_crash() -> None:
+    assert catalog.classify("INFO 11-29 10:00:00 [x.py:1] Using CUTLASS kernels").kind != "fatal"
+    assert catalog.classify("Internal Error Handler registered").kind != "fatal"

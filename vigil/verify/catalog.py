@@ -246,6 +246,10 @@ class Cause:
     # unit's state), but never prove one: a library's warning about a call that failed,
     # which its caller may survive.
     hints: tuple[str, ...] = ()
+    # A wrapper: its exception carries the one it met (torch.compile's BackendCompilerFailed
+    # and InductorError re-raise what the compiled code raised). Another root in the same
+    # traceback (an OOM while inductor autotunes) is the cause; this one only says where.
+    wraps: bool = False
 
     @property
     def regex(self) -> re.Pattern[str]:
@@ -300,11 +304,27 @@ CAUSES: tuple[Cause, ...] = (
     ),
     Cause(
         "out_of_memory",
-        (r"CUDA out of memory|OutOfMemoryError|Failed to load model - not enough GPU memory"
-         r"|CUDA error: out of memory|HIP out of memory",),
-        ("0.5", "0.8", "0.11", "0.33"),
-        "the model does not fit: stop other GPU users, raise --tensor-parallel-size, use a "
-        "quantized checkpoint, or lower --max-model-len / --max-num-seqs",
+        # torch's caching allocators word it per device: CUDA (and HIP on ROCm builds,
+        # c10/cuda/CUDACachingAllocator), XPU (c10/xpu XPUCachingAllocator), Ascend's
+        # torch_npu ("NPU out of memory. Tried to allocate …"), MUSA/MLU forks, MPS
+        # ("MPS backend out of memory"); vllm-ascend#19, #1617, llm-scaler#672
+        (r"\b(?:CUDA|HIP|XPU|NPU|MUSA|MLU|MPS backend) out of memory|OutOfMemoryError"
+         r"|Failed to load model - not enough GPU memory|(?:CUDA|HIP) error: out of memory",
+         # the runtimes' own out-of-device-memory codes (HIP, CUDA, Level Zero / UR on XPU)
+         r"hipErrorOutOfMemory|cudaErrorMemoryAllocation"
+         r"|(?:UR_RESULT|ZE_RESULT)_ERROR_OUT_OF_DEVICE_MEMORY",
+         # XLA (TPU via torch_xla or JAX): a program or buffer larger than a memory space,
+         # at compile ("Ran out of memory in memory space hbm/vmem/smem") or allocation
+         # ("Attempting to allocate 1.0G. That was not possible"); vllm#8318, GKE #1467
+         r"RESOURCE_EXHAUSTED: .{0,300}?(?:[Rr]an out of memory in memory space"
+         r"|Attempting to (?:allocate|reserve) \S{1,20}\. That was not possible"
+         r"|[Oo]ut of memory)"),
+        ("0.5", "0.6 (TPU)", "0.7.1 (Ascend NPU)", "0.8", "0.11", "0.2x (XPU)", "0.33"),
+        "the model does not fit in the accelerator's memory (GPU, XPU, NPU or TPU HBM): stop "
+        "other users of the device, raise --tensor-parallel-size, use a quantized checkpoint, "
+        "or lower --max-model-len / --max-num-seqs / --gpu-memory-utilization; an OOM while "
+        "compiling or capturing graphs (the phase says) also goes away with --enforce-eager "
+        "or fewer cudagraph capture sizes",
     ),
     Cause(
         "max_model_len_exceeds_model",
@@ -486,24 +506,56 @@ CAUSES: tuple[Cause, ...] = (
          r"|Quantization method specified in the model config \(\S+\) does not match"
          # Triton's codegen on a GPU without FP8 e4m3 (sm80/sm86, gfx90a): an FP8
          # checkpoint's (or fp8 KV cache's) kernels cannot compile (vllm#54318, #17581)
-         r"|type fp8e4nv not supported in this architecture",),
-        ("0.2", "0.4", "0.8", "0.9", "0.10", "0.11"),
-        "the checkpoint's quantization cannot run here: the GPU is below the method's minimum "
-        "compute capability (the line names both), or this vLLM does not know the method. "
-        "Use a checkpoint quantized for this GPU (or the unquantized model), upgrade vLLM for "
-        "a newer method, or drop a --quantization that contradicts the checkpoint's config",
+         r"|type fp8e4nv not supported in this architecture",
+         # vLLM's CUTLASS entry points (csrc/quantization/…/scaled_mm_entry.cu and the
+         # sparse, FP4 and MoE ones): TORCH_CHECK_NOT_IMPLEMENTED when the build has no
+         # kernel of the scheme for this arch ("No compiled cutlass_scaled_mm for CUDA
+         # device capability: 120. Required capability: 90 or 100"), and _custom_ops'
+         # hint under it (vllm#9419 on sm75, #32109 on sm120)
+         r"No compiled [\w ]{1,80}? for (?:a compute capability|CUDA device capability)"
+         r"[^:]{0,60}: ?(?P<cap>\d+)"
+         r"|Not implemented or built, mostly likely because the current (?:current )?device "
+         r"does not support this kernel",
+         # CUTLASS's own status strings (cutlassGetStatusString), raised by vLLM's
+         # CUTLASS_CHECK around its quantized GEMMs: the kernel cannot run on this arch
+         # (GB10/sm121 vllm#43367, Thor's FP4 runner #24377, 2:4 sparse #11763)
+         r"(?:[Cc]utlass|CUTLASS|RuntimeError: |\.cuh?:\d{1,6}:? )[^\n]{0,200}?"
+         r"\bError (?:Internal|Not Supported|Arch Mismatch|Invalid Problem)\b",
+         # libtorch_stable's STD_TORCH_CHECK names the failing check's place: a check in
+         # vLLM's quantization kernels' dispatch (vllm#47818: dispatch_scaled_mm on sm120)
+         r"\bcsrc/[\w/]{0,80}?quantization/[\w/.\-]{1,200}\.(?:cuh?|hpp|h|cpp):\d{1,6}\b"),
+        ("0.2", "0.4", "0.6.3", "0.8", "0.9", "0.10", "0.11", "0.13", "0.23"),
+        "the checkpoint's quantization has no kernel here{cap_note}: the GPU is below the "
+        "method's minimum compute capability, or this build has no kernel of the scheme for "
+        "this arch (CUTLASS FP8/FP4/INT8 GEMMs on new parts such as Blackwell sm_100, sm_120 "
+        "(RTX 50xx, RTX PRO 6000) or sm_121 (GB10)). Fall back to another kernel with "
+        "VLLM_DISABLED_KERNELS=<the CUTLASS kernel vLLM logged as selected> (Triton or "
+        "Marlin take over), upgrade to a vLLM build whose kernels include this arch, or use "
+        "a checkpoint quantized for this GPU (or the unquantized model); drop a "
+        "--quantization that contradicts the checkpoint's config",
+        needs=("cap",),
     ),
     Cause(
         "unsupported_gpu",
-        (r"no kernel image is available for execution on the device"
+        (r"no kernel image is available for execution on the device|cudaErrorNoKernelImageForDevice"
+         # torch's warning at CUDA init: the wheel's arch list lacks the GPU (sm_120 on a
+         # cu126 torch: vllm#21633, production-stack#528, OCRFlux#70)
+         r"|CUDA capability sm_(?P<arch>\d+) is not compatible"
          r"|is not compatible with the current PyTorch installation"
-         r"|CUDA capability sm_\d+ is not compatible"
          r"|(?:requires|needs) (?:a )?(?:GPU|device)s? with compute capability"
-         r"|(?:compute capability|capability) (?:of )?\d+\.\d+ (?:is )?(?:not supported|too low)",),
-        ("0.5", "0.8", "0.10"),
-        "the GPU architecture is not supported by this build: use a vLLM/torch build with "
-        "kernels for this GPU (TORCH_CUDA_ARCH_LIST), a dtype it supports (--dtype half on "
-        "pre-Ampere), or a quantization/backend it supports",
+         r"|(?:compute capability|capability) (?:of )?\d+\.\d+ (?:is )?(?:not supported|too low)",
+         # HIP's equivalents on ROCm: the build has no code object for this gfx target
+         # (gpustack#3786 on gfx1151; hip_code_object.cpp's hipErrorNoBinaryForGpu)
+         r"HIP error: invalid device function|hipErrorInvalidDeviceFunction"
+         r"|hipErrorNoBinaryForGpu|Unable to find code object for all current devices"),
+        ("0.5", "0.7", "0.8", "0.10", "0.11 (ROCm)"),
+        "this build has no kernels for the GPU's architecture{arch_note}: on NVIDIA Blackwell "
+        "(sm_100 B200, sm_120 RTX 50xx / RTX PRO 6000, sm_121 GB10) install a vLLM and torch "
+        "built for CUDA 12.8 or newer (the cu128/cu129/cu130 wheels or images) or build with "
+        "TORCH_CUDA_ARCH_LIST naming it; on AMD install a ROCm build for the GPU's gfx target "
+        "(PYTORCH_ROCM_ARCH), or HSA_OVERRIDE_GFX_VERSION where a compatible target exists; "
+        "on pre-Ampere GPUs a dtype it supports (--dtype half)",
+        needs=("arch",),
     ),
     Cause(
         "model_access_denied",
@@ -605,6 +657,7 @@ CAUSES: tuple[Cause, ...] = (
         "the compile cache (~/.cache/vllm/torch_compile_cache); if the error names a compiler "
         "(gcc, Triton's build), install a working C toolchain and the python3-dev headers",
         reached="compiling",
+        wraps=True,
     ),
     Cause(
         "trust_remote_code",
@@ -800,7 +853,10 @@ _NOISE = re.compile(r"No available shared memory broadcast block found in (?P<se
 _KV_NONE = re.compile(r"Available KV cache memory: (?:-[0-9.]+|0(?:\.0+)?) ?GiB"
                       r"|# (?:GPU|CUDA|cuda) blocks: 0, # CPU blocks: \d+")
 # Real escape codes, and the caret form (`^[[0;36m`) a terminal copy leaves.
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]|\^\[\[[0-9;]*m")
+# vLLM colours its process prefix ("\x1b[1;36m(EngineCore pid=1)\x1b[0;0m"): a page that
+# drops the ESC leaves "[1;36m(…)[0;0m" around it (gpustack#3786), removed only there.
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]|\^\[\[[0-9;]*m"
+                   r"|^\[[0-9;]{1,12}m(?=\()|(?<=\))\[[0-9;]{1,12}m")
 # Wrappers users paste around vLLM's lines: HTML colour tags, CI gutters ("  | "), a
 # bracketed ISO stamp (a launcher's "[2025-09-25 20:03:20] [/bin/sh]: " relaying the
 # child's output adds its stream's name), docker compose's "name  | ", FastChat's worker
@@ -924,6 +980,8 @@ def remedy_for(cause: str, values: Mapping[str, str] | None = None) -> str:
         if alt in v and "world" not in v:
             v["world"] = v[alt]
     v["world_note"] = f" ({v['world']})" if v.get("world") else ""
+    v["arch_note"] = f" (sm_{v['arch']})" if v.get("arch") else ""
+    v["cap_note"] = f" (compute capability {v['cap']})" if v.get("cap") else ""
     rec = CAUSE.get(cause)
     template = rec.remedy if rec is not None else VERDICT_REMEDIES.get(
         cause, CAUSE["unknown"].remedy)
@@ -933,6 +991,12 @@ def remedy_for(cause: str, values: Mapping[str, str] | None = None) -> str:
 def role_of(cause: str) -> Role:
     rec = CAUSE.get(cause)
     return rec.role if rec is not None else "chain"
+
+
+def wraps_another(cause: str) -> bool:
+    """A root whose exception wraps another one (torch.compile's): see `Cause.wraps`."""
+    rec = CAUSE.get(cause)
+    return rec is not None and rec.wraps
 
 
 def is_specific(cause: str) -> bool:
