@@ -517,3 +517,35 @@ def test_gpu_memory_from_two_sources_is_never_compared() -> None:
     assert reducer._gpu_delta(reducer._baseline(nvml), reducer._baseline(smi)) is None
     assert reducer._gpu_delta(reducer._baseline(smi), reducer._baseline(again)) == 0.0
     assert reducer._gpu_delta(reducer._baseline(nvml), reducer._baseline(nvml)) == 0.0
+
+
+# -- a wrapper's root yields to the root it wraps (issue 24.3) -------------------------
+
+
+def test_an_oom_inside_torch_compile_is_out_of_memory_in_the_compiling_phase() -> None:
+    # torch._dynamo re-raises what inductor met: "BackendCompilerFailed: backend=... raised:"
+    # then the inner exception on the next line (torch/_dynamo/output_graph.py)
+    w = "(Worker_TP0 pid=9) ERROR 11-29 10:00:00 [multiproc_executor.py:1] "
+    st = fold([_snap(0, "(Worker_TP0 pid=9) INFO 11-29 10:00:00 [backends.py:1] Dynamo bytecode "
+                     "transform time: 5.10 s",
+                     w + "torch._dynamo.exc.BackendCompilerFailed: backend='<vllm.compilation."
+                     "backends.VllmBackend object at 0x7f>' raised:",
+                     w + "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.")
+               ])[-1]
+    assert (st.verdict, st.cause, st.phase) == ("crashed", "out_of_memory", "compiling")
+
+
+def test_a_compile_failure_alone_stays_torch_compile_failed() -> None:
+    w = "(Worker_TP0 pid=9) ERROR 11-29 10:00:00 [multiproc_executor.py:1] "
+    st = fold([_snap(0, w + "torch._inductor.exc.InductorError: CalledProcessError: Command "
+                        "'['gcc', 'x.c']' returned non-zero exit status 1.")])[-1]
+    assert st.cause == "torch_compile_failed"
+
+
+def test_a_root_long_after_a_compile_failure_is_not_what_it_wrapped() -> None:
+    w = "(Worker_TP0 pid=9) ERROR 11-29 10:00:00 [multiproc_executor.py:1] "
+    st = fold([_snap(0, w + "torch._dynamo.exc.BackendCompilerFailed: backend='inductor' "
+                        "raised:"),
+               _snap(30, "(Worker_TP1 pid=10) ERROR 11-29 10:00:30 [m.py:1] RuntimeError: "
+                         "NCCL error: unhandled system error")])[-1]
+    assert st.cause == "torch_compile_failed"

@@ -339,13 +339,26 @@ def _label(state: WatchState) -> str:
     return f"after {span.name}" if span.end is not None else span.name
 
 
+# How close (s) another root must come to a wrapping one (torch.compile's) to be the
+# exception it wraps: the lines of one traceback carry the same second.
+WRAP_S = 2.0
+
+
 def _best_fatal(fatal: tuple[Fatal, ...]) -> Fatal | None:
     """The root: the best-ranked fatal line, the earliest of that rank; lines after an
-    orderly stop are teardown."""
+    orderly stop are teardown. A root that wraps another exception (torch.compile's
+    BackendCompilerFailed) yields to another root of the same traceback: an OOM while
+    inductor autotunes is the OOM, in the compiling phase."""
     live = [f for f in fatal if not f.after_stop]
     if not live:
         return None
-    return min(live, key=lambda f: _RANK[f.rank])
+    best = min(live, key=lambda f: _RANK[f.rank])
+    if best.rank == "root" and catalog.wraps_another(best.cause):
+        for f in live:
+            if f.rank == "root" and not catalog.wraps_another(f.cause) \
+                    and abs(f.at - best.at) <= WRAP_S:
+                return f
+    return best
 
 
 def _finish(state: WatchState, verdict: str, cause: str | None, proof: str | None,
