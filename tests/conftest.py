@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+
+import pytest
 
 from tests.lab_fixtures import lab_hosts
 from vigil.desired import inventory
@@ -13,6 +15,19 @@ from vigil.desired import targets as targets_mod
 __all__ = ["lab_hosts", "target_in"]
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _agent_records_hashes_in_a_scratch_file(
+        tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[None]:
+    """The agent, called in-process, records the hashes of the role files it writes in
+    /var/lib/vigil; a test on this machine records them in a scratch file instead."""
+    from vigil.host import agent
+
+    monkeypatch.setattr(agent, "WRITTEN", str(tmp_path_factory.mktemp("agent-state") /
+                                               "role-hashes.json"))
+    yield
 
 
 def target_in(tmp_path: Path, hosts_yml: str, host: str,

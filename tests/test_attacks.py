@@ -669,11 +669,11 @@ def test_a12_stale_temp_files_are_cleaned_by_the_next_write(tmp_path: Path) -> N
 
     from vigil.host import agent
 
-    stale = tmp_path / ".vigil-abc123_z"
+    stale = tmp_path / ".vigil-tmp-0123456789abcdef"
     stale.write_text("half a unit")
-    link_tmp = tmp_path / "current.vigil-4242"
+    link_tmp = tmp_path / ".vigil-tmp-fedcba9876543210"
     link_tmp.symlink_to("/nowhere")
-    fresh = tmp_path / ".vigil-fresh123"
+    fresh = tmp_path / ".vigil-tmp-00000000000000ff"
     fresh.write_text("another writer's, right now")
     old = time_mod.time() - 3600
     os.utime(stale, (old, old))
@@ -681,7 +681,7 @@ def test_a12_stale_temp_files_are_cleaned_by_the_next_write(tmp_path: Path) -> N
     agent.write_atomic(str(tmp_path / "unit.service"), "[Unit]\n", 0o644)
     assert not stale.exists() and not link_tmp.is_symlink()
     assert fresh.exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".vigil-fresh123", "unit.service"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [fresh.name, "unit.service"]
 
 
 def test_a12_switch_link_survives_a_stale_temp_link_of_a_reused_pid(tmp_path: Path) -> None:
@@ -690,9 +690,10 @@ def test_a12_switch_link_survives_a_stale_temp_link_of_a_reused_pid(tmp_path: Pa
     from vigil.host import agent
 
     link = tmp_path / "current"
-    (tmp_path / f"current.vigil-{os.getpid()}").symlink_to("/stale")
+    (tmp_path / f"current.vigil-{os.getpid()}").symlink_to("/stale")  # an older agent's
     agent.switch_link(str(link), "/opt/new")
     assert os.readlink(link) == "/opt/new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["current", f"current.vigil-{os.getpid()}"]
 
 
 # -- 6. index credentials never reach a command line, a log line or a reply --------------------
@@ -1586,3 +1587,315 @@ def test_i21_14_a_bad_address_is_one_error_naming_the_file_and_the_key(
                                      "lab1", "10.0.0.7"])
 def test_i21_14_host_names_and_ips_are_still_addresses(address: str) -> None:
     assert HostVars.model_validate({"address": address}).address == address
+
+
+# -- 3. --check shows the host's side of a diff only for files vigil wrote ---------------------
+
+
+def _file_role(dest: Path, content: str = "new=1\n") -> Any:
+    from vigil.desired.roles import RenderedFile, RenderedRole
+
+    return RenderedRole("mine", (RenderedFile("mine", str(dest), content, "644", "root", None),),
+                        ())
+
+
+def _check_diff(role: Any) -> tuple[Any, str]:
+    from vigil.deploy.roles import parse_role_facts, plan_roles, request
+    from vigil.host import agent
+
+    facts = agent.role_facts(request((role,)))
+    (write,) = [a for a in plan_roles((role,), parse_role_facts(facts)) if a.kind == "write_file"]
+    return facts["files"][role.files[0].dest], write.diff
+
+
+SHADOW = "root:$6$rounds=5000$c2FsdA$SECRETHASHSECRETHASH:19000:0:99999:7:::\n"
+
+
+@pytest.mark.parametrize("mode", [0o600, 0o644])
+def test_i21_3_a_host_file_vigil_did_not_write_is_shown_by_name_and_hash_only(
+        tmp_path: Path, mode: int) -> None:
+    import hashlib
+
+    dest = tmp_path / "etc" / "shadow"
+    dest.parent.mkdir()
+    dest.write_text(SHADOW)
+    dest.chmod(mode)
+    state, diff = _check_diff(_file_role(dest))
+    assert state["text"] is None and state["vigil"] is False
+    assert "SECRETHASH" not in diff and "$6$" not in diff
+    assert hashlib.sha256(SHADOW.encode()).hexdigest() in diff and "not shown" in diff
+    assert "+new=1\n" in diff  # what vigil would write is still shown
+
+
+def test_i21_3_a_symlink_at_the_destination_is_never_followed(tmp_path: Path) -> None:
+    from vigil.host import agent
+
+    secret = tmp_path / "shadow"
+    secret.write_text(SHADOW)
+    secret.chmod(0o600)
+    dest = tmp_path / "etc" / "x.conf"
+    dest.parent.mkdir()
+    dest.symlink_to(secret)
+    state, diff = _check_diff(_file_role(dest))
+    assert state["kind"] == "a symlink" and "sha256" not in state and state["text"] is None
+    assert "SECRETHASH" not in diff and "a symlink" in diff
+    # the write replaces the link itself, the file it pointed at is untouched
+    agent.write_atomic(str(dest), "new=1\n", 0o644)
+    assert not dest.is_symlink() and dest.read_text() == "new=1\n"
+    assert secret.read_text() == SHADOW
+
+
+def test_i21_3_a_file_vigil_wrote_or_marked_keeps_its_diff(tmp_path: Path) -> None:
+    from vigil.desired.render import BANNER
+    from vigil.host import agent
+
+    assert agent.MANAGED_MARKER == BANNER
+    dest = tmp_path / "etc" / "mine.conf"
+    reply = agent.apply({"paths": {}, "actions": [
+        {"kind": "write_file", "path": str(dest), "content": "old=1\n", "mode": "600",
+         "owner": "root"}]})
+    assert reply["results"][0]["ok"], reply
+    state, diff = _check_diff(_file_role(dest))  # 0600, but its hash was recorded
+    assert state["vigil"] is True and "-old=1\n" in diff and "+new=1\n" in diff
+    # someone edits it on the host: no longer what vigil wrote, so no longer shown
+    dest.write_text("old=1\npassword=hunter2\n")
+    state, diff = _check_diff(_file_role(dest))
+    assert state["text"] is None and "hunter2" not in diff
+    # vigil's banner marks a world-readable file as vigil's, never a private one
+    dest.write_text(f"# {BANNER}\nold=2\n")
+    dest.chmod(0o644)
+    assert "-old=2\n" in _check_diff(_file_role(dest))[1]
+    dest.chmod(0o600)
+    assert "old=2" not in _check_diff(_file_role(dest))[1]
+
+
+def test_i21_3_an_unchanged_file_vigil_did_not_write_plans_nothing(tmp_path: Path) -> None:
+    from vigil.deploy.roles import parse_role_facts, plan_roles, request
+    from vigil.host import agent
+
+    dest = tmp_path / "etc" / "same.conf"
+    dest.parent.mkdir()
+    dest.write_text("new=1\n")
+    dest.chmod(0o644)
+    role = _file_role(dest)
+    facts = agent.role_facts(request((role,)))
+    assert facts["files"][str(dest)]["text"] is None  # compared by its hash
+    assert plan_roles((role,), parse_role_facts(facts)) == []
+
+
+# -- 4. the agent's writes do not follow another user's symlinks; it cleans only its temps ------
+
+
+def _other_users_link(tmp_path: Path) -> tuple[Path, Path]:
+    import os
+
+    target = tmp_path / "victim"
+    target.mkdir()
+    (target / "authorized_keys").write_text("ssh-ed25519 AAAA the-real-key\n")
+    link = tmp_path / "etc" / "mine"
+    link.parent.mkdir()
+    link.symlink_to(target)
+    os.lchown(link, 65534, 65534)  # planted by `nobody`
+    return link, target
+
+
+def test_i21_4_a_write_through_a_parent_symlink_another_user_owns_is_refused(
+        tmp_path: Path) -> None:
+    from vigil.host import agent
+
+    link, target = _other_users_link(tmp_path)
+    with pytest.raises(OSError, match="a symlink owned by uid 65534"):
+        agent.write_atomic(str(link / "authorized_keys"), "ssh-ed25519 AAAA evil\n", 0o600)
+    (res,) = agent.apply({"paths": {}, "actions": [
+        {"kind": "write_file", "path": str(link / "authorized_keys"), "content": "evil\n",
+         "mode": "600", "owner": "root"}]})["results"]
+    assert res["ok"] is False and str(link) in res["error"] and "uid 65534" in res["error"]
+    assert (target / "authorized_keys").read_text() == "ssh-ed25519 AAAA the-real-key\n"
+    assert sorted(p.name for p in target.iterdir()) == ["authorized_keys"]
+    # reading through it is refused the same way: no text, no hash
+    state = agent.file_state(str(link / "authorized_keys"))
+    assert state["kind"] == "refused" and "sha256" not in state and "uid 65534" in state["error"]
+
+
+def test_i21_4_a_symlink_root_owns_is_followed_as_before(tmp_path: Path) -> None:
+    from vigil.host import agent
+
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "run").symlink_to("real")  # like /var/run -> ../run, owned by root
+    agent.write_atomic(str(tmp_path / "run" / "a" / "x.conf"), "x\n", 0o644)
+    assert (real / "a" / "x.conf").read_text() == "x\n"
+
+
+def test_i21_4_temp_cleanup_removes_only_vigils_own_temp_names(tmp_path: Path) -> None:
+    import os
+    import time as time_mod
+
+    from vigil.host import agent
+
+    old = time_mod.time() - 3600
+    others = [".vigil-settings", ".vigil-12345678", "app.vigil-42", ".vigil-tmp-0123",
+              ".vigil-tmp-0123456789abcdefX", "x.vigil-tmp-0123456789abcdef"]
+    for name in others:
+        (tmp_path / name).write_text("someone else's\n")
+    mine = tmp_path / ".vigil-tmp-0123456789abcdef"
+    mine.write_text("half a file\n")
+    foreign = tmp_path / ".vigil-tmp-aaaaaaaaaaaaaaaa"  # vigil's shape, another user's file
+    foreign.write_text("not ours\n")
+    os.chown(foreign, 65534, 65534)
+    folder = tmp_path / ".vigil-tmp-bbbbbbbbbbbbbbbb"
+    folder.mkdir()
+    for p in tmp_path.iterdir():
+        os.utime(p, (old, old))
+    agent.write_atomic(str(tmp_path / "unit.service"), "[Unit]\n", 0o644)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted([*others, foreign.name, folder.name, "unit.service"])
+    assert agent.TEMP_NAME.match(agent.temp_name())
+
+
+def test_i21_4_a_failed_write_leaves_no_temp_file(tmp_path: Path) -> None:
+    from vigil.host import agent
+
+    with pytest.raises(UnicodeEncodeError):
+        agent.write_atomic(str(tmp_path / "x.conf"), "a lone surrogate \udc80\n", 0o644)
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- 11. the agent reads a model's files bounded: regular files, a size cap, a depth cap ---------
+
+
+def _model_dir(tmp_path: Path) -> Path:
+    import json
+    import struct
+
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"max_position_embeddings": 128,
+                                               "num_attention_heads": 2}))
+    header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    (d / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)
+    (d / "tokenizer.json").write_text("{}")
+    return d
+
+
+def _facts_within(path: Path, seconds: float = 20.0) -> Any:
+    """model_facts in a thread: a read that blocks (a FIFO) fails the test, not the run."""
+    import threading
+
+    from vigil.host import agent
+
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(agent.model_facts(str(path))),
+                              daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert out, f"model_facts({path}) still running after {seconds} s"
+    return out[0]
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors.index.json"])
+@pytest.mark.parametrize("special", ["/dev/zero", "fifo"])
+def test_i21_11_a_model_file_that_is_a_device_or_a_fifo_is_one_refusal_naming_it(
+        tmp_path: Path, name: str, special: str) -> None:
+    import os
+
+    d = _model_dir(tmp_path)
+    (d / name).unlink(missing_ok=True)
+    if special == "fifo":
+        os.mkfifo(d / name)
+    else:
+        (d / name).symlink_to(special)
+    facts = _facts_within(d)
+    kind = "a FIFO" if special == "fifo" else "a character device"
+    if name == "config.json":
+        assert name in facts["config"]["error"] and kind in facts["config"]["error"]
+        assert facts["layouts"]["meta"][name] == f"unreadable: {kind}, not a regular file"
+    else:
+        assert name in facts["weights"]["error"] and kind in facts["weights"]["error"]
+        assert facts["layouts"]["meta"][name] == f"unreadable: {kind}, not a regular file"
+    assert facts["layouts"]["safetensors"]["model.safetensors"]["error"] is None
+    # preflight names it: one line, the file and why
+    from vigil.deploy import weights
+
+    problems = weights.problems(weights.parse(facts["layouts"]), ["--tokenizer=x"])
+    assert f"{name}: unreadable: {kind}, not a regular file" in problems
+
+
+def test_i21_11_a_fifo_or_device_among_the_safetensors_and_tokenizer_files_cannot_block(
+        tmp_path: Path) -> None:
+    import os
+
+    d = _model_dir(tmp_path)
+    os.mkfifo(d / "model-00002-of-00002.safetensors")
+    (d / "tokenizer.json").unlink()
+    os.mkfifo(d / "tokenizer.json")
+    (d / "vocab.json").symlink_to("/dev/zero")
+    facts = _facts_within(d)
+    layout = facts["layouts"]["safetensors"]["model-00002-of-00002.safetensors"]
+    assert layout["error"] == "a FIFO, not a regular file"
+    assert facts["layouts"]["meta"]["tokenizer.json"] == "unreadable: a FIFO, not a regular file"
+    assert facts["layouts"]["meta"]["vocab.json"].startswith("unreadable: a character device")
+
+
+@pytest.mark.parametrize("name", ["config.json", "model.safetensors.index.json",
+                                  "tokenizer.json"])
+def test_i21_11_json_nested_200k_deep_is_refused_without_aborting_the_facts(
+        tmp_path: Path, name: str) -> None:
+    d = _model_dir(tmp_path)
+    (d / name).write_text("[" * 200_000 + "]" * 200_000)
+    facts = _facts_within(d)
+    text = str(facts)
+    assert "nested deeper than 512 levels" in text and name in text
+    assert facts["layouts"]["safetensors"]["model.safetensors"]["error"] is None
+
+
+def test_i21_11_a_deep_safetensors_header_is_refused_too(tmp_path: Path) -> None:
+    import struct
+
+    d = _model_dir(tmp_path)
+    header = b'{"w": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    (d / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header)
+    layout = _facts_within(d)["layouts"]["safetensors"]["model.safetensors"]
+    assert layout["error"] == "its header is nested deeper than 512 levels"
+
+
+@pytest.mark.parametrize("offsets", ["[0, 1e400]", "[0, NaN]", "[0, -4]", "[0, true]",
+                                     "[0, 4.5]", "[0]", "[0, 1e30]"])
+def test_i21_11_bad_data_offsets_are_one_error_naming_the_tensor(
+        tmp_path: Path, offsets: str) -> None:
+    import struct
+
+    d = _model_dir(tmp_path)
+    header = ('{"w": {"dtype": "F32", "shape": [1], "data_offsets": ' + offsets + "}}").encode()
+    (d / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)
+    layout = _facts_within(d)["layouts"]["safetensors"]["model.safetensors"]
+    assert layout["error"] == "its header has a tensor without two whole data_offsets: w"
+
+
+def test_i21_11_a_model_file_past_the_size_cap_is_refused_by_size(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vigil.host import agent
+
+    d = _model_dir(tmp_path)
+    (d / "model.safetensors.index.json").write_text('{"weight_map": {}}' + " " * 4096)
+    monkeypatch.setattr(agent, "JSON_READ_MAX", 1024)
+    facts = _facts_within(d)
+    assert "model.safetensors.index.json" in facts["weights"]["error"]
+    assert "more than the 1024 read here" in facts["weights"]["error"]
+
+
+def test_i21_11_the_facts_verb_answers_for_a_hostile_model_dir(tmp_path: Path) -> None:
+    """Through the agent's own entry point: one reply, the file named, no agent_error."""
+    import json
+    import os
+
+    from vigil.host import agent
+
+    d = _model_dir(tmp_path)
+    (d / "config.json").unlink()
+    os.mkfifo(d / "config.json")
+    reply = agent.main(["agent", "facts"], json.dumps({
+        "paths": _paths(tmp_path), "unit": "vigil-no-such-unit.service", "port": 1,
+        "service_user": "root", "model": str(d)}))
+    assert "agent_error" not in reply
+    assert "config.json" in reply["model"]["config"]["error"]

@@ -275,7 +275,7 @@ def test_a_user_role_may_not_take_the_service_unit(roles_dir: Path, inv_dir: Pat
 
 
 def test_agent_writes_a_role_file_with_mode_and_owner_and_reads_it_back(
-        tmp_path: Path, inv_dir: Path) -> None:
+        tmp_path: Path, inv_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The real agent functions on this machine: what plan_roles sends is what
     role_facts then reads back, so the next plan is empty (idempotence, without a host)."""
     import grp
@@ -286,6 +286,7 @@ def test_agent_writes_a_role_file_with_mode_and_owner_and_reads_it_back(
     from vigil.desired.roles import RenderedFile, RenderedRole
     from vigil.host import agent
 
+    monkeypatch.setattr(agent, "WRITTEN", str(tmp_path / "state" / "role-hashes.json"))
     me = pwd.getpwuid(os.getuid()).pw_name
     group = grp.getgrgid(os.getgid()).gr_name
     dest = tmp_path / "etc" / "thing.conf"
@@ -297,7 +298,8 @@ def test_agent_writes_a_role_file_with_mode_and_owner_and_reads_it_back(
     assert reply["results"] == [{"ok": True, "kind": "write_file"}]
     assert dest.read_text() == "a=1\n" and dest.stat().st_mode & 0o777 == 0o640
     back = agent.role_facts(request((role,)))["files"][str(dest)]
-    assert back == {"text": "a=1\n", "mode": "640", "owner": me, "group": group}
+    assert {k: back[k] for k in ("text", "mode", "owner", "group", "vigil")} == {
+        "text": "a=1\n", "mode": "640", "owner": me, "group": group, "vigil": True}
     assert plan_roles((role,), parse_role_facts(agent.role_facts(request((role,))))) == []
     bad = {**write.wire(), "owner": "no-such-user-here"}
     (res,) = agent.apply({"paths": {}, "actions": [bad]})["results"]

@@ -3,10 +3,16 @@
 The same shape as the service plan: a file is written only when its text, mode or
 owner differ; units are reloaded when a unit file changed; a unit restarts only when a
 file that names it changed, or when it should run and does not.
+
+The agent sends a file's text only when vigil wrote it (the hash it recorded at the
+write, or vigil's banner in a world-readable file), never through a symlink: any other
+file is compared by its sha256, and ``--check`` names it and its hash, never its
+content (a role placing /etc/shadow must not print its hashes into a CI log).
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -39,6 +45,39 @@ def _owner_of(state: Mapping[str, Any]) -> str:
     return f"{state.get('owner')}:{state.get('group')}"
 
 
+def _present(state: Mapping[str, Any]) -> bool:
+    return state.get("text") is not None or "sha256" in state or "kind" in state
+
+
+def _content_reason(state: Mapping[str, Any], content: str) -> str | None:
+    """Why the file's content is to be written (None: it is as desired)."""
+    if not _present(state):
+        return "new file"
+    kind = state.get("kind", "file")
+    if kind != "file":
+        return f"replaces {state.get('error') or kind} on the host"
+    if state.get("text") is not None:
+        return None if state["text"] == content else "content changed"
+    if "sha256" not in state:
+        return f"content changed (the host's could not be read: {state.get('error')})"
+    digest = hashlib.sha256(content.encode("utf-8")).hexdigest()
+    return None if state["sha256"] == digest else "content changed"
+
+
+def hidden_diff(path: str, state: Mapping[str, Any], new: str) -> str:
+    """The diff of a file whose host content is not shown: its name, size and hash."""
+    kind = state.get("kind", "file")
+    if kind == "file" and "sha256" in state:
+        what = f"{state.get('size')} bytes, sha256 {state['sha256']}"
+    else:
+        what = str(state.get("error") or kind)
+    body = "".join(f"+{line}" for line in new.splitlines(keepends=True))
+    if body and not body.endswith("\n"):
+        body += "\n"
+    return (f"--- {path} (host: {what}; not shown, vigil did not write it)\n"
+            f"+++ {path} (desired)\n{body}")
+
+
 def plan_roles(roles: tuple[RenderedRole, ...], facts: RoleFacts) -> list[Action]:
     writes: list[Action] = []
     restart: dict[str, str] = {}
@@ -47,24 +86,28 @@ def plan_roles(roles: tuple[RenderedRole, ...], facts: RoleFacts) -> list[Action
         for f in role.files:
             state = facts.files.get(f.dest) or {}
             old = state.get("text")
-            reasons = []
-            if old is None:
-                reasons.append("new file")
-            elif old != f.content:
-                reasons.append("content changed")
-            if old is not None and state.get("mode") != f.mode:
+            present = _present(state) and state.get("kind", "file") == "file"
+            changed = _content_reason(state, f.content)
+            reasons = [changed] if changed else []
+            if present and state.get("mode") != f.mode:
                 reasons.append(f"mode {state.get('mode')} -> {f.mode}")
             want_owner = f.owner if ":" in f.owner else None
             have = _owner_of(state)
-            if old is not None and (have != want_owner if want_owner else
-                                    state.get("owner") != f.owner):
+            if present and (have != want_owner if want_owner else
+                            state.get("owner") != f.owner):
                 reasons.append(f"owner {have} -> {f.owner}")
             if not reasons:
                 continue
+            if not changed:
+                diff = ""
+            elif old is not None or not _present(state):
+                diff = unified(f.dest, old, f.content)
+            else:
+                diff = hidden_diff(f.dest, state, f.content)
             writes.append(Action(
                 "write_file", f"{role.name}: {f.dest}: {', '.join(reasons)}",
                 {"path": f.dest, "content": f.content, "mode": f.mode, "owner": f.owner},
-                unified(f.dest, old, f.content) if old != f.content else "",
+                diff,
             ))
             reload = reload or f.is_unit
             if f.restart:

@@ -133,7 +133,9 @@ def problems(files: ModelFiles, extra_args: Sequence[str] = ()) -> list[str]:
     if config == "absent" and not mistral_config:
         out.append("config.json is absent (vLLM reads it before anything else)")
     for name, state in sorted(meta.items()):
-        if state not in ("ok", "absent") and (own_tokenizer or name == "config.json"):
+        # the index is named only when the agent refused to read it (a FIFO, too deep)
+        if state not in ("ok", "absent") and (own_tokenizer or name in (
+                "config.json", "model.safetensors.index.json")):
             out.append(f"{name}: {state}")
     if own_tokenizer and all(meta.get(n, "absent") == "absent" for n in TOKENIZER_FILES):
         out.append(f"no tokenizer: none of {', '.join(TOKENIZER_FILES)} is there "

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import grp
+import hashlib
 import json
 import os
 import pwd
@@ -54,6 +55,151 @@ def read_text(path: str) -> Any:
         return None
     except PermissionError:
         return {"error": "permission denied"}
+
+
+# -- files: opened without following what another user controls, read bounded -----------
+
+O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+O_DIR = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | O_NOFOLLOW
+MAX_SYMLINKS = 40
+
+
+def _trusted(uid: int) -> bool:
+    return uid == 0 or uid == os.geteuid()
+
+
+def open_dir(path: str, create: bool = False, _hops: int = 0) -> int:
+    """A descriptor of directory `path`, walked from / one component at a time (openat
+    with O_NOFOLLOW), so no component can be swapped for a symlink behind a check. A
+    symlink is followed only when root (or this user) owns it; one another user owns is
+    refused (ELOOP, naming it). create: missing directories are made (0755)."""
+    if not path.startswith("/"):
+        raise ValueError("not an absolute path: %r" % (path,))
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    fd = os.open("/", O_DIR)
+    try:
+        for i, name in enumerate(parts):
+            here = "/" + "/".join(parts[:i + 1])
+            if name == "..":
+                raise OSError(errno.EINVAL, "a '..' in the path", here)
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except FileNotFoundError:
+                if not create:
+                    raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT),
+                                            here) from None
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, 0o755, dir_fd=fd)
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISLNK(st.st_mode):
+                if not _trusted(st.st_uid):
+                    raise OSError(errno.ELOOP, "a symlink owned by uid %d, not followed"
+                                  % st.st_uid, here)
+                if _hops >= MAX_SYMLINKS:
+                    raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), here)
+                target = os.readlink(name, dir_fd=fd)
+                # every component so far is a real directory: '..' in the target is exact
+                rest = os.path.join("/" + "/".join(parts[:i]), target, *parts[i + 1:])
+                return open_dir(os.path.normpath(rest), create, _hops + 1)
+            nfd = os.open(name, O_DIR, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+        kept, fd = fd, -1
+        return kept
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+class Refused(Exception):
+    """A host file this agent will not read (not a regular file, too large, too deep);
+    the message names the file, ``reason`` is the message without it."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        Exception.__init__(self, "%s: %s" % (path, reason))
+        self.reason = reason
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def _read_fd(fd: int, limit: int) -> bytes:
+    chunks: List[bytes] = []
+    got = 0
+    while got < limit:
+        chunk = os.read(fd, min(1 << 20, limit - got))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def read_regular(path: str, cap: int, dir_fd: Optional[int] = None,
+                 nofollow: bool = False) -> bytes:
+    """A regular file's bytes, at most `cap`: opened O_NONBLOCK (a FIFO cannot block the
+    agent), checked on the open descriptor (no /dev/zero, no device), never more than
+    cap read. Refused names the file; FileNotFoundError and PermissionError pass."""
+    flags = os.O_RDONLY | O_NONBLOCK | (O_NOFOLLOW if nofollow else 0)
+    try:
+        fd = os.open(path, flags, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and nofollow:
+            raise Refused(path, "a symlink, not followed") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Refused(path, "%s, not a regular file" % _kind(st.st_mode))
+        if st.st_size > cap:
+            raise Refused(path, "%d bytes, more than the %d read here" % (st.st_size, cap))
+        data = _read_fd(fd, cap + 1)
+    finally:
+        os.close(fd)
+    if len(data) > cap:
+        raise Refused(path, "grew past the %d bytes read here" % cap)
+    return data
+
+
+# JSON a host holds is parsed only this deep (json.loads recurses; 200k-deep input would
+# abort the whole facts call) and only this large.
+JSON_DEPTH_MAX = 512
+JSON_READ_MAX = 64 * 1024 * 1024
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+JSON_INVALID = "not valid JSON: "
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"{}[]")
+
+
+def parse_json(data: bytes, path: str) -> Any:
+    """json.loads, depth-safe: nesting is counted (outside strings) before parsing."""
+    depth = 0
+    for ch in _JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKET):
+        depth += 1 if ch in (0x7B, 0x5B) else -1
+        if depth > JSON_DEPTH_MAX:
+            raise Refused(path, "nested deeper than %d levels" % JSON_DEPTH_MAX)
+    try:
+        return json.loads(data.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise Refused(path, JSON_INVALID + str(exc)[:200]) from None
+
+
+def read_json(path: str, cap: Optional[int] = None) -> Tuple[Any, Optional[str]]:
+    """(value, None), (None, None) when absent, or (None, one refusal naming the file)."""
+    try:
+        return parse_json(read_regular(path, cap or JSON_READ_MAX), path), None
+    except FileNotFoundError:
+        return None, None
+    except Refused as exc:
+        return None, str(exc)
+    except OSError as exc:
+        return None, "%s: cannot read: %s" % (path, exc.strerror)
 
 
 # -- shared helpers: one of each, used by every verb ------------------------------------
@@ -295,11 +441,12 @@ def model_facts(path: str) -> Json:
         return {"kind": "hub-id"}
     if not os.path.isdir(path):
         return {"kind": "path", "exists": False}
-    config = None
-    raw = read_text(os.path.join(path, "config.json"))
-    if isinstance(raw, str):
+    config: Optional[Json] = None
+    full, error = read_json(os.path.join(path, "config.json"))
+    if error is not None:
+        config = {"error": error}
+    elif full is not None:
         try:
-            full = json.loads(raw)
             text_cfg = full.get("text_config", full)
             config = {
                 k: text_cfg.get(k)
@@ -310,23 +457,35 @@ def model_facts(path: str) -> Json:
                 (k, text_cfg[k]) for k in MAX_LEN_KEYS
                 if isinstance(text_cfg.get(k), int) and not isinstance(text_cfg[k], bool))
         except (ValueError, AttributeError):
-            config = {"error": "config.json is not valid JSON"}
-    return {"kind": "path", "exists": True, "config": config, "weights": weight_files(path),
-            "layouts": weight_layouts(path)}
+            config = {"error": "config.json is not a JSON object"}
+    index = read_json(os.path.join(path, INDEX_FILE))
+    return {"kind": "path", "exists": True, "config": config,
+            "weights": weight_files(path, index), "layouts": weight_layouts(path, index)}
 
 
-def weight_files(path: str) -> Json:
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def _weight_map(index: Tuple[Any, Optional[str]]) -> Optional[Dict[str, str]]:
+    """The index's weight_map (tensor -> shard), None when it has none of that shape."""
+    value = index[0]
+    found = value.get("weight_map") if isinstance(value, dict) else None
+    if not isinstance(found, dict):
+        return None
+    return dict((str(k), str(v)) for k, v in found.items())
+
+
+def weight_files(path: str, index: Tuple[Any, Optional[str]]) -> Json:
     """Shards the safetensors index lists and which of them are absent."""
     names = os.listdir(path)
     present = sorted(n for n in names if n.endswith((".safetensors", ".bin", ".pt")))
-    index = read_text(os.path.join(path, "model.safetensors.index.json"))
-    if not isinstance(index, str):
+    if index == (None, None):
         return {"index": False, "present": len(present), "missing": []}
-    try:
-        listed = sorted(set(json.loads(index).get("weight_map", {}).values()))
-    except (ValueError, AttributeError):
-        return {"index": True, "error": "model.safetensors.index.json is not valid JSON",
+    shards = _weight_map(index)
+    if shards is None:
+        return {"index": True, "error": index[1] or "%s has no weight_map" % INDEX_FILE,
                 "present": len(present), "missing": []}
+    listed = sorted(set(shards.values()))
     missing = [n for n in listed if not os.path.isfile(os.path.join(path, n))]
     return {"index": True, "listed": len(listed), "present": len(present), "missing": missing}
 
@@ -347,29 +506,48 @@ def safetensors_layout(path: str, expected: Optional[Set[str]] = None) -> Json:
     ``expected``: the tensor names the index places in this file (absent ones listed)."""
     out: Json = {"size": None, "header_len": None, "end": None, "tensors": 0, "error": None}
     try:
-        out["size"] = size = os.path.getsize(path)
-        with open(path, "rb") as fh:
-            head = fh.read(8)
+        fd = os.open(path, os.O_RDONLY | O_NONBLOCK)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                out["error"] = "%s, not a regular file" % _kind(st.st_mode)
+                return out
+            out["size"] = size = st.st_size
+            head = _read_fd(fd, 8)
             if len(head) < 8:
                 out["error"] = "shorter than the 8-byte header length"
                 return out
             out["header_len"] = n = int.from_bytes(head, "little")
             if n > SAFETENSORS_HEADER_MAX or 8 + n > size:
                 return out  # the controller names the sizes; nothing to parse
-            header = json.loads(fh.read(n).decode("utf-8"))
+            header = parse_json(_read_fd(fd, n), os.path.basename(path))
+        finally:
+            os.close(fd)
     except PermissionError:
         out["error"] = "permission denied"
         return out
     except OSError as exc:
         out["error"] = "cannot read: %s" % exc.strerror
         return out
-    except ValueError:
-        out["error"] = "its header is not valid JSON"
+    except Refused as exc:
+        # the controller adds the sizes
+        out["error"] = "its header is " + (
+            "not valid JSON" if exc.reason.startswith(JSON_INVALID) else exc.reason)
         return out
-    try:
-        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
-    except (AttributeError, KeyError, IndexError, TypeError, ValueError):
-        out["error"] = "its header has a tensor without data_offsets"
+    ends = []
+    for k, v in (header.items() if isinstance(header, dict) else ()):
+        offsets = v.get("data_offsets") if isinstance(v, dict) else None
+        if k == "__metadata__":
+            continue
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(
+                isinstance(o, int) and not isinstance(o, bool) and 0 <= o < 1 << 63
+                for o in offsets)):
+            out["error"] = "its header has a tensor without two whole data_offsets: %s" % (
+                str(k)[:100],)
+            return out
+        ends.append(offsets[1])
+    if not isinstance(header, dict):
+        out["error"] = "its header is not a JSON object"
         return out
     out["end"] = max(ends) if ends else 0
     out["tensors"] = len(ends)
@@ -383,43 +561,49 @@ def safetensors_layout(path: str, expected: Optional[Set[str]] = None) -> Json:
 def json_file_state(path: str) -> str:
     """ok / absent / empty / invalid: ... / unreadable: ... for one model metadata file."""
     try:
-        size = os.path.getsize(path)
-        if size == 0:
-            return "empty"
-        if not path.endswith(".json"):
-            return "ok"  # binary or plain text (tokenizer.model, merges.txt): present
-        with open(path, "rb") as fh:
+        fd = os.open(path, os.O_RDONLY | O_NONBLOCK)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return "unreadable: %s, not a regular file" % _kind(st.st_mode)
+            size = st.st_size
+            if size == 0:
+                return "empty"
+            if not path.endswith(".json"):
+                return "ok"  # binary or plain text (tokenizer.model, merges.txt): present
             if size <= JSON_PARSE_MAX:
-                json.loads(fh.read().decode("utf-8"))
+                parse_json(_read_fd(fd, JSON_PARSE_MAX), os.path.basename(path))
                 return "ok"
-            first = fh.read(64).lstrip()[:1]
-            fh.seek(-64, os.SEEK_END)
-            last = fh.read().rstrip()[-1:]
+            first = _read_fd(fd, 64).lstrip()[:1]
+            os.lseek(fd, -64, os.SEEK_END)
+            last = _read_fd(fd, 64).rstrip()[-1:]
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         return "absent"
     except OSError as exc:
         return "unreadable: %s" % exc.strerror
-    except ValueError as exc:
-        return "invalid: %s" % str(exc)[:200]
+    except Refused as exc:
+        return "invalid: %s" % exc.reason.replace(JSON_INVALID, "", 1)[:200]
     if (first, last) not in ((b"{", b"}"), (b"[", b"]")):
         return "invalid: does not end where its JSON started (cut short?)"
     return "ok"
 
 
-def weight_layouts(path: str) -> Json:
+def weight_layouts(path: str, index: Tuple[Any, Optional[str]]) -> Json:
     """Every top-level safetensors file's layout and the state of the files vLLM reads
     before the weights (config, tokenizer): a few KB per file, never the tensors."""
     expected: Dict[str, Set[str]] = {}
-    raw = read_text(os.path.join(path, "model.safetensors.index.json"))
-    if isinstance(raw, str):
-        with contextlib.suppress(ValueError, AttributeError):
-            for name, shard in json.loads(raw).get("weight_map", {}).items():
-                expected.setdefault(str(shard), set()).add(str(name))
+    for name, shard in (_weight_map(index) or {}).items():
+        expected.setdefault(shard, set()).add(name)
     files = sorted(n for n in os.listdir(path) if n.endswith(".safetensors"))
+    meta = dict((n, json_file_state(os.path.join(path, n))) for n in MODEL_META_FILES)
+    if index[1] is not None:  # an index this agent refused to read is named, not skipped
+        meta[INDEX_FILE] = "unreadable: %s" % index[1][len(os.path.join(path, INDEX_FILE)) + 2:]
     return {
         "safetensors": {n: safetensors_layout(os.path.join(path, n), expected.get(n))
                         for n in files},
-        "meta": {n: json_file_state(os.path.join(path, n)) for n in MODEL_META_FILES},
+        "meta": meta,
     }
 
 
@@ -723,76 +907,100 @@ def _existing_parent(path: str) -> str:
     return path
 
 
+def _split(path: str) -> Tuple[str, str]:
+    directory, name = os.path.split(path)
+    if not directory.startswith("/") or name in ("", ".", ".."):
+        raise ValueError("not an absolute path of a file: %r" % (path,))
+    return directory, name
+
+
 def write_atomic(
     path: str, content: str, mode: int, owner: Optional[Tuple[int, int]] = None
 ) -> None:
     """Temp file in the same directory, fsync, rename, fsync the directory: a reader sees
-    old or new, never half, and the rename survives a power cut."""
-    directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    clean_temps(directory)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".vigil-")
+    old or new, never half, and the rename survives a power cut. The directory is opened
+    by open_dir (no symlink another user owns is followed on the way) and every step is
+    relative to it, so the file lands in that directory and nowhere else."""
+    directory, name = _split(path)
+    dfd = open_dir(directory, create=True)
     try:
-        os.fchmod(fd, mode)
-        if owner is not None:
-            os.fchown(fd, owner[0], owner[1])
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(content)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    fsync_dir(directory)
+        clean_temps(dfd)
+        tmp = temp_name()
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW, 0o600,
+                     dir_fd=dfd)
+        try:
+            try:
+                os.fchmod(fd, mode)
+                if owner is not None:
+                    os.fchown(fd, owner[0], owner[1])
+                data = content.encode("utf-8")
+                while data:
+                    data = data[os.write(fd, data):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
-# What a write killed between mkstemp and rename leaves (SIGKILL, power cut): removed
-# by the next write there, once old enough not to be another writer's.
-TEMP_NAME = re.compile(r"^\.vigil-[a-z0-9_]{8}$|\.vigil-\d+$")
+# What a write killed between creating its temp file and the rename leaves (SIGKILL,
+# power cut): removed by the next write there, once old enough not to be another
+# writer's. Only names of exactly this form are vigil's: .vigil-tmp- and 16 hex digits.
+TEMP_PREFIX = ".vigil-tmp-"
+TEMP_NAME = re.compile(r"\.vigil-tmp-[0-9a-f]{16}\Z")
 TEMP_AGE_S = 60.0
 
 
-def clean_temps(directory: str) -> List[str]:
+def temp_name() -> str:
+    return TEMP_PREFIX + os.urandom(8).hex()
+
+
+def clean_temps(dir_fd: int) -> List[str]:
+    """Remove this agent's stale temp files (regular files or links it owns) in the open
+    directory; any other name is left alone."""
     removed: List[str] = []
     try:
-        names = os.listdir(directory)
+        names = os.listdir(dir_fd)
     except OSError:
         return removed
     now = time.time()
     for name in names:
-        if not TEMP_NAME.search(name):
+        if not TEMP_NAME.match(name):
             continue
-        path = os.path.join(directory, name)
         try:
-            st = os.lstat(path)
-            if stat.S_ISDIR(st.st_mode) or now - st.st_mtime <= TEMP_AGE_S:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)) \
+                    or not _trusted(st.st_uid) or now - st.st_mtime <= TEMP_AGE_S:
                 continue
-            os.unlink(path)
-            removed.append(path)
+            os.unlink(name, dir_fd=dir_fd)
+            removed.append(name)
         except OSError:
             continue
     return removed
 
 
-def fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def switch_link(link: str, target: str) -> None:
-    directory = os.path.dirname(link)
-    clean_temps(directory)
-    tmp = "%s.vigil-%d" % (link, os.getpid())
-    if os.path.lexists(tmp):
-        os.unlink(tmp)  # a PID reused since a killed switch
-    os.symlink(target, tmp)
-    os.replace(tmp, link)  # rename(2) over the old link: atomic
-    fsync_dir(directory)
+    directory, name = _split(link)
+    dfd = open_dir(directory, create=True)
+    try:
+        clean_temps(dfd)
+        tmp = temp_name()
+        os.symlink(target, tmp, dir_fd=dfd)
+        try:
+            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)  # rename(2): atomic
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
 def backup_release(paths: Dict[str, str], files: Optional[List[Json]] = None) -> None:
@@ -980,14 +1188,20 @@ def torch_cuda(python: str) -> Json:
 # The options of the installed vLLM's own server parser (what ExecStart's words must be):
 # recorded once per environment beside it, read by every later facts call.
 VLLM_FLAGS_FILE = ".vigil-vllm-flags.json"
+# Where vLLM keeps them moved: openai/cli_args (to ~0.2x), launchers/cli_args (0.32).
 VLLM_FLAGS = (
-    "import json, vllm\n"
-    "from vllm.entrypoints.openai.cli_args import make_arg_parser\n"
-    "try:\n"
-    "    from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
-    "except ImportError:\n"
-    "    from vllm.utils import FlexibleArgumentParser\n"
-    "parser = make_arg_parser(FlexibleArgumentParser())\n"
+    "import importlib, json, vllm\n"
+    "def first(names, attr):\n"
+    "    for name in names:\n"
+    "        try:\n"
+    "            return getattr(importlib.import_module(name), attr)\n"
+    "        except (ImportError, AttributeError):\n"
+    "            pass\n"
+    "    raise ImportError('no %s in %s' % (attr, ', '.join(names)))\n"
+    "make = first(['vllm.entrypoints.openai.cli_args', 'vllm.entrypoints.launchers.cli_args'],"
+    " 'make_arg_parser')\n"
+    "cls = first(['vllm.utils.argparse_utils', 'vllm.utils'], 'FlexibleArgumentParser')\n"
+    "parser = make(cls())\n"
     "flags = sorted({o for a in parser._actions for o in a.option_strings if o[:2] == '--'})\n"
     "print(json.dumps({'version': getattr(vllm, '__version__', None), 'flags': flags}))\n"
 )
@@ -1182,15 +1396,75 @@ def _write(paths: Dict[str, str], key: str, action: Json) -> Json:
     return {"ok": True}
 
 
-def file_state(path: str) -> Json:
-    """A role file as it is: text, mode and owner (None when absent)."""
+# vigil's banner (vigil.desired.render.BANNER): in a world-readable file, it marks one
+# vigil wrote; tests/test_attacks.py holds the two equal.
+MANAGED_MARKER = "Managed by vigil - edits here are replaced by the next deploy."
+# The sha256 of what each user-role file was written with, by path (the newest few), so
+# a later plan may show its diff: a file whose content vigil did not write never is.
+WRITTEN = "/var/lib/vigil/role-hashes.json"
+WRITTEN_KEEP = 8
+ROLE_FILE_MAX = 4 * 1024 * 1024
+
+
+def read_written() -> Dict[str, List[str]]:
+    value, _ = read_json(WRITTEN)
+    if not isinstance(value, dict):
+        return {}
+    return dict((str(k), [str(h) for h in v]) for k, v in value.items()
+                if isinstance(v, list))
+
+
+def record_written(path: str, content: str) -> None:
+    found = read_written()
+    digest = hashlib.sha256(content.encode("utf-8")).hexdigest()
+    found[path] = ([digest] + [h for h in found.get(path, []) if h != digest])[:WRITTEN_KEEP]
+    write_atomic(WRITTEN, json.dumps(found, sort_keys=True), 0o600)
+
+
+def file_state(path: str, written: Optional[Dict[str, List[str]]] = None) -> Json:
+    """A role file as it is, read without following a symlink (in its folders or at its
+    end): kind, mode, owner, size and sha256 (absent: text None and nothing else). Its
+    text only when vigil wrote it (the hash recorded at its write, or vigil's banner in
+    a world-readable file): a diff never shows a host file vigil did not write."""
+    directory, name = _split(path)
     try:
-        st = os.stat(path)
+        dfd = open_dir(directory)
     except FileNotFoundError:
         return {"text": None}
-    text = read_text(path)
-    return {"text": text if isinstance(text, str) else None, "mode": "%o" % (st.st_mode & 0o7777),
-            "owner": _name(pwd.getpwuid, st.st_uid), "group": _name(grp.getgrgid, st.st_gid)}
+    except OSError as exc:
+        return {"text": None, "kind": "refused",
+                "error": "%s: %s" % (exc.filename or directory, exc.strerror)}
+    try:
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return {"text": None}
+        info: Json = {"text": None, "mode": "%o" % (st.st_mode & 0o7777),
+                      "owner": _name(pwd.getpwuid, st.st_uid),
+                      "group": _name(grp.getgrgid, st.st_gid), "size": st.st_size}
+        if not stat.S_ISREG(st.st_mode):
+            info["kind"] = _kind(st.st_mode)
+            return info
+        info["kind"] = "file"
+        try:
+            data = read_regular(name, ROLE_FILE_MAX, dir_fd=dfd, nofollow=True)
+        except (Refused, OSError) as exc:
+            info["error"] = exc.reason if isinstance(exc, Refused) else exc.strerror
+            return info
+        digest = hashlib.sha256(data).hexdigest()
+        info["sha256"] = digest
+        try:
+            text: Optional[str] = data.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        recorded = digest in (written or {}).get(path, [])
+        marked = text is not None and MANAGED_MARKER in text and bool(st.st_mode & 0o004)
+        info["vigil"] = recorded or marked
+        if info["vigil"]:
+            info["text"] = text
+        return info
+    finally:
+        os.close(dfd)
 
 
 def _name(lookup: Callable[[int], Any], ident: int) -> str:
@@ -1202,7 +1476,8 @@ def _name(lookup: Callable[[int], Any], ident: int) -> str:
 
 def role_facts(req: Json) -> Json:
     """User roles' files and units (the roles' own round trip when no service is deployed)."""
-    return {"files": dict((p, file_state(p)) for p in req.get("files", [])),
+    written = read_written()
+    return {"files": dict((p, file_state(p, written)) for p in req.get("files", [])),
             "units": dict((u, systemctl_show(u)) for u in req.get("units", []))}
 
 
@@ -1215,6 +1490,8 @@ def _write_file(action: Json, paths: Dict[str, str]) -> Json:
     except KeyError:
         return {"ok": False, "error": "no user or group %s on the host" % action["owner"]}
     write_atomic(action["path"], action["content"], int(action["mode"], 8), (pw.pw_uid, gid))
+    with contextlib.suppress(OSError):  # unrecorded: the next --check shows hashes only
+        record_written(action["path"], action["content"])
     return {"ok": True}
 
 
@@ -1322,10 +1599,17 @@ def restore_role_files(kept: List[Json]) -> List[str]:
     """Put each kept user-role file back as it was (absent before: removed again)."""
     for f in kept:
         if f["text"] is None:
-            if os.path.lexists(f["path"]):
-                os.unlink(f["path"])
+            directory, name = _split(f["path"])
+            with contextlib.suppress(FileNotFoundError):
+                dfd = open_dir(directory)
+                try:
+                    os.unlink(name, dir_fd=dfd)
+                finally:
+                    os.close(dfd)
         else:
             write_atomic(f["path"], f["text"], f["mode"], (f["uid"], f["gid"]))
+            with contextlib.suppress(OSError):
+                record_written(f["path"], f["text"])
     return [f["path"] for f in kept]
 
 
