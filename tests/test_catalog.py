@@ -587,3 +587,17 @@ def test_a_colour_prefix_whose_escape_a_page_dropped_is_still_the_prefix() -> No
 def test_a_cutlass_status_word_in_prose_is_not_a_crash() -> None:
     assert catalog.classify("INFO 11-29 10:00:00 [x.py:1] Using CUTLASS kernels").kind != "fatal"
     assert catalog.classify("Internal Error Handler registered").kind != "fatal"
+
+
+@pytest.mark.parametrize(("frame", "phase"), [
+    # torch's graph capture: only vLLM's capture runs it at startup (vllm#19186, #18446)
+    ('File "/usr/lib/python3.10/site-packages/torch/cuda/graphs.py", line 84, in capture_end',
+     "capturing_graphs"),
+    # V1 allocating the sized KV cache (llm-scaler#672)
+    ('File "/opt/venv/lib/python3.12/site-packages/vllm/v1/worker/gpu_model_runner.py", line '
+     '6697, in _allocate_kv_cache_tensors', "kv_cache"),
+])
+def test_capture_and_kv_allocation_frames_name_their_phase(frame: str, phase: str) -> None:
+    m = catalog.classify("(Worker_TP0 pid=3) ERROR 11-29 10:00:00 [multiproc_executor.py:1]   "
+                         + frame)
+    assert m.reached == phase

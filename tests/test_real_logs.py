@@ -80,7 +80,6 @@ PHASE_NOT_IN_LOG = {
     "vllm-11485-v0-determine-blocks-no-kernel-image.log",  # method name only in the title
     "vllm-12233-v0-engine-process-died-mq-dead.log",  # no request line in the excerpt
     "vllm-4327-fp8-capability-86-ray.log",  # the paste puts the error above the worker frames
-    "vllm-19186-v1-cudagraph-capture-cuda-oom.log",  # only torch's capture frames, no vLLM's
 }
 
 

@@ -182,7 +182,10 @@ PHASE_RECORDS: tuple[Phase, ...] = (
                           "_initialize_kv_caches", "initialize_kv_cache",
                           "raise_if_cache_size_invalid", "check_enough_kv_cache_memory",
                           "_check_enough_kv_cache_memory", "get_kv_cache_configs",
-                          "get_kv_cache_config"}),
+                          "get_kv_cache_config",
+                          # V1 allocating the sized cache (gpu_model_runner, worker_base)
+                          "initialize_from_config", "initialize_kv_cache_tensors",
+                          "_allocate_kv_cache_tensors", "_reshape_kv_cache_tensors"}),
     ),
     Phase(
         "capturing_graphs", "capturing CUDA graphs", "graphs",
@@ -1023,7 +1026,17 @@ def is_traceback_link(text: str) -> bool:
     return CHILD_DIED.match(msg) is not None or _FRAME_ANY.match(msg) is not None
 
 
+# torch's CUDA graph capture (torch.cuda.graph's context, CUDAGraph.capture_begin/end):
+# only vLLM's graph capture runs it at startup, so its frames prove the capture phase
+# even where a paste keeps no vLLM frame below them (vllm#19186, #18446).
+_TORCH_CAPTURE = re.compile(
+    r'^File "[^"]{0,400}torch[/\\]cuda[/\\]graphs\.py", line \d+, in '
+    r'(?:capture_begin|capture_end|__enter__|__exit__)\b')
+
+
 def _reached(line: Line, msg: str) -> str | None:
+    if _TORCH_CAPTURE.match(msg):
+        return "capturing_graphs"
     frame = _FRAME.match(msg) or _WORKER_METHOD.search(msg)
     if frame:
         func = frame.group("func")
