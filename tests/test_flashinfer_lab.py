@@ -34,6 +34,7 @@ pytestmark = [pytest.mark.lab, pytest.mark.vllm]
 REPO = Path(__file__).resolve().parent.parent
 INVOKE = str(Path(sys.executable).parent / "invoke")
 HOST, INDEX = "lab7", 7
+UV = "/opt/vigil/bin/uv"  # wheels.install_uv puts it there
 CURRENT = "/opt/vigil/envs/current"
 STACK = "lab-cpu-flashinfer"
 PAIR = ("flashinfer-python==0.6.3", "flashinfer-cubin==0.6.3", "flashinfer-python==0.6.4")
@@ -151,12 +152,13 @@ def test_reinstall_moving_flashinfer_python_alone_is_refused(inv: Path) -> None:
 
 def test_hand_made_drift_is_reported_with_the_fix(inv: Path) -> None:
     env = current()
-    sh(f"{CURRENT}/bin/python -m pip install -q --disable-pip-version-check --no-deps "
-       f"--no-index --find-links {wheels.IN_HOST} flashinfer-python==0.6.4")
+    # a uv environment (no pip in it): the drift made the way its fix says
+    sh(f"VIRTUAL_ENV={CURRENT} UV_CACHE_DIR=/var/cache/vigil/uv {UV} pip install -q "
+       f"--no-deps --no-index --find-links {wheels.IN_HOST} flashinfer-python==0.6.4")
     res = invoke(inv, "stack.check", "--hosts", HOST)
     assert res.returncode == 1 and "DRIFT" in res.stdout, res.stdout
-    assert (f"flashinfer-python 0.6.4 breaks pin: pinned ==0.6.3; fix: {env}/bin/python -m pip "
-            "install flashinfer-python==0.6.3") in res.stdout
+    assert (f"flashinfer-python 0.6.4 breaks pin: pinned ==0.6.3; fix: VIRTUAL_ENV={env} "
+            f"{UV} pip install flashinfer-python==0.6.3") in res.stdout
     assert ("flashinfer-python 0.6.4 breaks same_version(flashinfer-python, flashinfer-cubin): "
             "must be 0.6.3 like the others") in res.stdout
     # the running server imported flashinfer before the drift: it keeps serving

@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 INVOKE = str(Path(sys.executable).parent / "invoke")
 PORT = {"lab3": 8003, "lab4": 8004}
 INDEX = {"lab3": 3, "lab4": 4}
+UV = "/opt/vigil/bin/uv"  # wheels.install_uv puts it there
 CURRENT = "/opt/vigil/envs/current"
 
 
@@ -128,12 +129,14 @@ def test_lab_stack_installs_and_checks_clean(ours: list[str]) -> None:
 
 def test_drift_is_reported_and_repaired(ours: list[str]) -> None:
     before_env, before_pid = current("lab3"), main_pid("lab3")
-    sh("lab3", f"{CURRENT}/bin/python -m pip install -q --no-deps torchvision==0.28.0")
+    # lab3's environment is uv's (no pip in it): drift made the way its fix says
+    sh("lab3", f"VIRTUAL_ENV={CURRENT} UV_NATIVE_TLS=1 UV_CACHE_DIR=/var/cache/vigil/uv "
+               f"{UV} pip install -q --no-deps torchvision==0.28.0")
     res = invoke("stack.check", "--hosts", "lab3")
     assert res.returncode == 1
     assert "DRIFT" in res.stdout
-    assert (f"torchvision 0.28.0 breaks remove: must not be installed; fix: {before_env}/bin/"
-            "python -m pip uninstall -y torchvision") in res.stdout
+    assert (f"torchvision 0.28.0 breaks remove: must not be installed; fix: VIRTUAL_ENV="
+            f"{before_env} {UV} pip uninstall -y torchvision") in res.stdout
     check = deploy("lab3", "--check")
     assert "would install_env: torchvision 0.28.0 installed, must be removed" in check.stdout
     assert current("lab3") == before_env and main_pid("lab3") == before_pid  # --check: nothing

@@ -473,3 +473,18 @@ def test_a_flag_the_installed_vllm_lacks_is_refused_naming_flag_and_version() ->
     assert verify_install(stack(), reply, argv)[-1] == (
         "vLLM 0.11.0 in /opt/vigil/envs/x rejects --disable-access-log-for-endpoints, "
         "--shutdown-timeout: its own argument parser has no such option")
+
+
+def test_a_fix_names_the_installer_the_environment_has() -> None:
+    """pip where the environment has it; the host's uv for one uv built (no pip in it)."""
+    from vigil.deploy.runtime import pip_for
+
+    env = "/opt/vigil/envs/lab-cpu-abc"
+    assert pip_for(env, {"pip": "24.0", "vllm": "1"}, "/opt/vigil/bin/uv") == \
+        f"{env}/bin/python -m pip"
+    assert pip_for(env, {"vllm": "1"}, "/opt/vigil/bin/uv") == \
+        f"VIRTUAL_ENV={env} /opt/vigil/bin/uv pip"
+    assert pip_for(env, {"vllm": "1"}, None) == f"{env}/bin/python -m pip"
+    found = check(stack(packages={"torch": "2.10.0"}), {"torch": "2.9.1"},
+                  pip_for(env, {"torch": "2.9.1"}, "/opt/vigil/bin/uv"))
+    assert found[0].fix == f"VIRTUAL_ENV={env} /opt/vigil/bin/uv pip install torch==2.10.0"

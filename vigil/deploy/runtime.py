@@ -22,14 +22,20 @@ from vigil.verify.catalog import classify, is_specific
 # install needs are the runtime role's defaults (roles/runtime/defaults.yml).
 
 
-def pip_for(env_dir: str) -> str:
+def pip_for(env_dir: str, packages: Mapping[str, str] | None = None,
+            uv: str | None = None) -> str:
+    """The installer command a fix names for this environment: its own pip, or the host's
+    uv for an environment uv built (which has no pip)."""
+    if uv and packages is not None and "pip" not in packages:
+        return f"VIRTUAL_ENV={env_dir} {uv} pip"
     return f"{env_dir}/bin/python -m pip"
 
 
 def findings(stack: Stack, facts: HostFacts, env_dir: str) -> list[Finding]:
     if facts.packages is None:
         return []
-    return check(stack, facts.packages, pip_for(facts.env_dir or env_dir))
+    return check(stack, facts.packages,
+                 pip_for(facts.env_dir or env_dir, facts.packages, facts.uv))
 
 
 def runtime_differences(stack: Stack, facts: HostFacts) -> list[str]:
@@ -163,7 +169,8 @@ def verify_install(stack: Stack, reply: dict[str, Any],
     packages = reply.get("packages")
     env_dir = str(reply.get("env_dir") or "ENV")
     if isinstance(packages, dict):
-        problems += [f.describe() for f in check(stack, packages, pip_for(env_dir))]
+        problems += [f.describe() for f in check(
+            stack, packages, pip_for(env_dir, packages, reply.get("uv")))]
     problems += [f"pip check: {line}" for line in
                  pip_check_problems(str(reply.get("pip_check") or ""), stack)]
     problems += installed_arch_problems(stack, reply)

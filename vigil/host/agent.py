@@ -853,7 +853,7 @@ def packages(req: Json) -> Json:
         return {"current": None, "packages": None,
                 "env_error": "no environment link %s" % current}
     listed, err = installed_packages(target)
-    reply: Json = {"current": target, "packages": listed, "env_error": err,
+    reply: Json = {"current": target, "packages": listed, "env_error": err, "uv": find_uv(),
                    "complete": os.path.exists(os.path.join(target, ".vigil-complete"))}
     if req.get("pip_check") and listed is not None:
         reply["pip_check"] = dependency_check(os.path.join(target, "bin", "python"), find_uv())
@@ -1147,7 +1147,8 @@ def install_env(action: Json) -> Json:
     pip_check = dependency_check(python, uv)
     imports = import_errors(python, action.get("imports") or ["vllm"])
     reply = {"ok": True, "log": log, "env_dir": env_dir, "packages": packages,
-             "pip_check": pip_check, "installer": "uv" if uv else "pip", "imports": imports,
+             "pip_check": pip_check, "installer": "uv" if uv else "pip", "uv": uv,
+             "imports": imports,
              "torch_cuda": torch_cuda(python) if "torch" in (packages or {}) else None,
              "install_seconds": round(installed_s, 1),
              "seconds": round(time.monotonic() - started, 1)}

@@ -87,7 +87,7 @@ def drift(inv: inventory_mod.Inventory, name: str, stack: str | None,
     if reply.get("packages") is None:
         out.problems.append(f"no environment to check: {reply.get('env_error')}")
         return out
-    pip = pip_for(out.current or f"{hv.env_root}/current")
+    pip = pip_for(out.current or f"{hv.env_root}/current", reply["packages"], reply.get("uv"))
     out.problems = [f.describe() for f in check_stack(st, reply["packages"], pip)]
     out.problems += [f"pip check: {line}" for line in
                      pip_check_problems(str(reply.get("pip_check") or ""), st)]
