@@ -69,7 +69,7 @@ def ssh(inv: Path) -> Iterator[Transport]:
     lock = lab.lab_dir() / "hosts" / f"{HOST}.tests.lock"
     with open(lock, "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
-        t = connect(HOST, inventory.load(inv).host_vars(HOST))
+        t = connect(HOST, inventory.load(inv, REPO / "roles").host_vars(HOST))  # + health-log
         clean = (f"systemctl disable --now {TIMER} 2>/dev/null; "
                  f"rm -f {' '.join(FILES)}; systemctl daemon-reload")
         sh(t, clean)
