@@ -1899,3 +1899,83 @@ def test_i21_11_the_facts_verb_answers_for_a_hostile_model_dir(tmp_path: Path) -
         "service_user": "root", "model": str(d)}))
     assert "agent_error" not in reply
     assert "config.json" in reply["model"]["config"]["error"]
+
+
+# -- 12. YAML: no YAML 1.1 numbers, no duplicate keys, no alias bombs ---------------------------
+
+
+@pytest.mark.parametrize("value, why", [
+    ("1:30", "sexagesimal"), ("0x1F90", "hexadecimal"), ("017", "octal"),
+    ("0b1010", "binary"), ("8_080", "underscores"), ("1:30.5", "sexagesimal"),
+])
+def test_i21_12_a_yaml_1_1_number_is_refused_naming_file_and_line(
+        tmp_path: Path, value: str, why: str) -> None:
+    from tests.conftest import target_in
+
+    with pytest.raises(ConfigError) as err:
+        target_in(tmp_path, f"hosts:\n  h1:\n    model: tiny-cpu\n    port: {value}\n", "h1")
+    text = str(err.value)
+    assert "hosts.yml" in text and "line 4" in text and why in text and repr(value) in text
+
+
+def test_i21_12_decimal_numbers_and_quoted_text_read_as_before() -> None:
+    from vigil.desired.yamlfile import load_yaml
+
+    assert load_yaml("a: 8080\nb: -3\nc: 0\nd: 1.5\ne: '1:30'\nf: .inf\ng: 0x1F90z\n") == {
+        "a": 8080, "b": -3, "c": 0, "d": 1.5, "e": "1:30", "f": float("inf"), "g": "0x1F90z"}
+
+
+def test_i21_12_a_set_flag_takes_no_yaml_1_1_number(tmp_path: Path) -> None:
+    from vigil.desired import inventory, targets
+
+    inv = _inventory(tmp_path, "hosts:\n  h1: {model: tiny-cpu, stack: lab-cpu}\n")
+    with pytest.raises(ConfigError, match=r"--set port: the value is not valid YAML .*sexag"):
+        targets.resolve(inventory.load(inv), "h1", operator_env={}, sets=["port=1:30"])
+
+
+@pytest.mark.parametrize("text, line", [
+    ("hosts:\n  h1: {model: tiny-cpu}\n  h1: {model: other}\n", 3),
+    ("hosts:\n  h1:\n    model: tiny-cpu\n    port: 8000\n    port: 9000\n", 5),
+])
+def test_i21_12_a_duplicate_key_is_refused_naming_both_lines(
+        tmp_path: Path, text: str, line: int) -> None:
+    from vigil.desired import inventory
+
+    with pytest.raises(ConfigError) as err:
+        inventory.load(_inventory(tmp_path, text))
+    assert f"line {line}" in str(err.value) and "duplicate key" in str(err.value)
+    assert "first on line" in str(err.value) and "hosts.yml" in str(err.value)
+
+
+def test_i21_12_a_merge_key_still_overrides_what_it_merges() -> None:
+    from vigil.desired.yamlfile import load_yaml
+
+    text = "base: &b {port: 1, model: m}\nh1: {<<: *b, port: 2}\n"
+    assert load_yaml(text)["h1"] == {"port": 2, "model": "m"}
+
+
+def test_i21_12_an_alias_bomb_under_overrides_is_refused_at_once(tmp_path: Path) -> None:
+    import time as time_mod
+
+    from vigil.desired import inventory
+
+    levels = ["    a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    levels += [f"    a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 9)]
+    text = "hosts:\n  h1:\n   model: tiny-cpu\n   overrides:\n" + "\n".join(
+        " " + line for line in levels) + "\n"
+    started = time_mod.monotonic()
+    with pytest.raises(ConfigError, match="expand to more than 200000 values"):
+        inventory.load(_inventory(tmp_path, text))
+    assert time_mod.monotonic() - started < 5
+
+
+def test_i21_12_a_recursive_alias_or_too_many_aliases_is_refused() -> None:
+    import yaml
+
+    from vigil.desired.yamlfile import load_yaml
+
+    with pytest.raises(yaml.YAMLError, match="recursive"):
+        load_yaml("a: &a [1, *a]\n")
+    with pytest.raises(yaml.YAMLError, match="more than 1000 aliases"):
+        load_yaml("a: &a 1\nb: [" + ", ".join(["*a"] * 1001) + "]\n")
+

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from vigil.desired import inventory
 from vigil.desired.ansible import expand_range
@@ -539,8 +540,11 @@ def test_a_stack_key_typo_names_the_key_it_meant_at_any_depth(inv_dir: Path) -> 
     st.write_text(text + "pakages: {}\n")
     with pytest.raises(ConfigError, match="pakages: unknown key - did you mean 'packages'"):
         inventory.load(inv_dir).stack("lab-cpu")
-    st.write_text(text + "rules:\n  requires:\n    - {package: vllm, needs: {torch: '2.9'}, "
-                  "verison: '1'}\n")
+    # one rules: key (a second one is a duplicate key, refused on its own)
+    data = yaml.safe_load(text)
+    data["rules"] = {"requires": [{"package": "vllm", "needs": {"torch": "2.9"},
+                                   "verison": "1"}]}
+    st.write_text(yaml.safe_dump(data))
     with pytest.raises(ConfigError, match=re.escape(
             "rules.requires.0.verison: unknown key - did you mean 'version'?")):
         inventory.load(inv_dir).stack("lab-cpu")

@@ -3,6 +3,7 @@ rule, drain hooks run as real processes, and the JSON/JUnit recap."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import threading
@@ -188,7 +189,10 @@ def test_hooks_get_name_and_address_in_the_environment_never_a_shell(tmp_path: P
     pwned = tmp_path / "pwned"
     hostile = f"127.0.0.1;touch {pwned}"
     t = target_in(tmp_path, "hosts:\n  lb1: {model: tiny-cpu, stack: lab-cpu, "
-                  f"address: '{hostile}', port: 8123}}\n", "lb1")
+                  "address: 127.0.0.1, port: 8123}\n", "lb1")
+    # the inventory refuses such an address (issue 21.14); the hook's environment is no
+    # shell either way
+    t = dataclasses.replace(t, vars=t.vars.model_copy(update={"address": hostile}))
     drain = hooks.Hooks.parse(f"{sys.executable} {script} '{out}' 0",
                                 f"{sys.executable} {script} '{out}' 3")
     said: list[str] = []

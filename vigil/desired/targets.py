@@ -17,7 +17,7 @@ from vigil.desired.config import HostVars, ModelProfile, Stack
 from vigil.desired.inventory import Inventory, merge
 from vigil.desired.render import TEMPLATES, Rendered, TemplateDirs, render
 from vigil.desired.roles import RenderedRole, render_role
-from vigil.desired.yamlfile import did_you_mean, fields_at
+from vigil.desired.yamlfile import did_you_mean, fields_at, load_yaml
 from vigil.errors import ConfigError, RefusedError
 
 
@@ -85,7 +85,7 @@ def parse_sets(
             value = raw  # environment values are text: env.X=1 is "1", not 1
         else:
             try:
-                value = yaml.safe_load(raw) if raw else ""
+                value = load_yaml(raw) if raw else ""
             except yaml.YAMLError as exc:
                 problem = getattr(exc, "problem", None) or "not valid YAML"
                 raise ConfigError(

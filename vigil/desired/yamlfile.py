@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 import types
 import typing
 from collections.abc import Collection, Mapping
@@ -17,6 +18,125 @@ from vigil.errors import ConfigError
 M = TypeVar("M", bound=BaseModel)
 
 
+# YAML 1.1 (PyYAML) reads forms that YAML 1.2 and people read otherwise: `port: 1:30` is
+# 90 (sexagesimal), 0x1F90 is 8080, 010 is 8, 1_000 is 1000. Such a number is refused:
+# a plain decimal is a number, anything else meant as text is quoted.
+_DECIMAL_INT = re.compile(r"[-+]?(0|[1-9][0-9]*)")
+_PLAIN_FLOAT = re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?"
+                          r"|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)")
+# Aliases may share a value (<<: *defaults), never expand into a bomb: the document as
+# the aliases spell it out is at most this many values, and has at most this many aliases.
+MAX_EXPANDED_NODES = 200_000
+MAX_ALIASES = 1_000
+
+
+class StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, strict: a duplicate key, a YAML 1.1-only number (sexagesimal,
+    hex, octal, binary, underscores) and an alias bomb are errors with their line."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._aliases = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                event = self.peek_event()  # type: ignore[no-untyped-call]
+                raise yaml.composer.ComposerError(
+                    None, None, f"more than {MAX_ALIASES} aliases", event.start_mark)
+        return super().compose_node(parent, index)
+
+    def get_single_node(self) -> Any:
+        node = super().get_single_node()
+        if node is not None and self._aliases:
+            _expanded(node, {}, set())
+        return node
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[object, Any] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:  # an unhashable key: the constructor says so
+                    continue
+                if first is not None:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r} (first on line {first.line + 1})",
+                        key_node.start_mark)
+                seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_int(self, node: Any) -> int:
+        text = str(self.construct_scalar(node))
+        if not _DECIMAL_INT.fullmatch(text):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{text!r} is a YAML 1.1 number ({_yaml11(text)}): write it "
+                "in decimal, or quote it for text", node.start_mark)
+        return int(text)
+
+    def construct_yaml_float(self, node: Any) -> float:
+        text = str(self.construct_scalar(node))
+        if not _PLAIN_FLOAT.fullmatch(text):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{text!r} is a YAML 1.1 number ({_yaml11(text)}): write it "
+                "in decimal, or quote it for text", node.start_mark)
+        return float(super().construct_yaml_float(node))
+
+
+StrictLoader.add_constructor("tag:yaml.org,2002:int", StrictLoader.construct_yaml_int)
+StrictLoader.add_constructor("tag:yaml.org,2002:float", StrictLoader.construct_yaml_float)
+
+
+def _yaml11(text: str) -> str:
+    if ":" in text:
+        return "sexagesimal, base 60"
+    if "_" in text:
+        return "underscores dropped"
+    low = text.lstrip("+-").lower()
+    return {"0x": "hexadecimal", "0b": "binary", "0o": "octal"}.get(low[:2], "octal")
+
+
+def _expanded(node: Any, sizes: dict[int, int], open_: set[int]) -> int:
+    """How many values the node stands for with every alias spelled out (bounded)."""
+    key = id(node)
+    if key in sizes:
+        return sizes[key]
+    if key in open_:
+        raise yaml.composer.ComposerError(None, None, "an alias refers to a value that "
+                                          "holds it (recursive)", node.start_mark)
+    open_.add(key)
+    total = 1
+    if isinstance(node, yaml.SequenceNode):
+        children: list[Any] = list(node.value)
+    elif isinstance(node, yaml.MappingNode):
+        children = [n for pair in node.value for n in pair]
+    else:
+        children = []
+    for child in children:
+        total += _expanded(child, sizes, open_)
+        if total > MAX_EXPANDED_NODES:
+            raise yaml.composer.ComposerError(
+                None, None, f"its aliases expand to more than {MAX_EXPANDED_NODES} values "
+                "(an alias bomb?)", node.start_mark)
+    open_.discard(key)
+    sizes[key] = total
+    return total
+
+
+def load_yaml(text: str) -> Any:
+    """yaml.safe_load, strict (StrictLoader); errors are yaml.YAMLError with a mark."""
+    loader = StrictLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def read_yaml(path: Path) -> Any:
     """Parse one YAML file; a syntax error names the file, line and column."""
     try:
@@ -24,7 +144,10 @@ def read_yaml(path: Path) -> Any:
     except OSError as exc:
         raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from None
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text)
+    except RecursionError:
+        raise ConfigError("nested too deep", file=str(path),
+                          fix="correct the YAML structure") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
