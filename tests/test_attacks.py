@@ -1979,3 +1979,138 @@ def test_i21_12_a_recursive_alias_or_too_many_aliases_is_refused() -> None:
     with pytest.raises(yaml.YAMLError, match="more than 1000 aliases"):
         load_yaml("a: &a 1\nb: [" + ", ".join(["*a"] * 1001) + "]\n")
 
+
+# -- 9, 10. a revoked host key: refused at key exchange, before any login, never recorded -------
+
+
+class _RecordingSSHServer:
+    """A one-connection SSH server on 127.0.0.1 (paramiko's server side) that records
+    every authentication request: the host must never see one for a key it should not
+    have been trusted with."""
+
+    def __init__(self) -> None:
+        import threading
+
+        import paramiko
+
+        self.key = paramiko.ECDSAKey.generate()
+        self.auth: list[str] = []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(1)
+        self.sock.settimeout(10)
+        self.port = self.sock.getsockname()[1]
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        import paramiko
+
+        auth = self.auth
+
+        class Iface(paramiko.ServerInterface):
+            def get_allowed_auths(self, username: str) -> str:
+                auth.append(f"asked:{username}")
+                return "publickey"
+
+            def check_auth_none(self, username: str) -> int:
+                auth.append(f"none:{username}")
+                return paramiko.AUTH_FAILED
+
+            def check_auth_publickey(self, username: str, key: paramiko.PKey) -> int:
+                auth.append(f"publickey:{username}")
+                return paramiko.AUTH_SUCCESSFUL
+
+        try:
+            conn, _ = self.sock.accept()
+        except OSError:
+            return
+        transport = paramiko.Transport(conn)
+        transport.add_server_key(self.key)
+        try:
+            transport.start_server(server=Iface())
+            transport.accept(1)
+        except (paramiko.SSHException, EOFError, OSError):
+            pass
+        finally:
+            time.sleep(0.2)
+            transport.close()
+
+    def known_line(self) -> str:
+        return f"[127.0.0.1]:{self.port} {self.key.get_name()} {self.key.get_base64()}"
+
+    def close(self) -> None:
+        self.sock.close()
+        self.thread.join(10)
+
+
+def _client_key(tmp_path: Path) -> str:
+    import paramiko
+
+    path = tmp_path / "client_key"
+    paramiko.ECDSAKey.generate().write_private_key_file(str(path))
+    return str(path)
+
+
+@pytest.mark.parametrize("also_listed", [False, True])
+def test_i21_10_a_revoked_host_key_is_refused_at_key_exchange_before_any_login(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, also_listed: bool) -> None:
+    """The key is @revoked in ~/.ssh/known_hosts (and, the worse case, listed as known
+    too): the connection ends at key exchange; the server saw no authentication."""
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    home = fake_home(tmp_path, monkeypatch)
+    server = _RecordingSSHServer()
+    try:
+        lines = [f"@revoked {server.known_line()}"] + ([server.known_line()] if also_listed
+                                                       else [])
+        (home / ".ssh" / "known_hosts").write_text("\n".join(lines) + "\n")
+        hv = HostVars.model_validate({"address": "127.0.0.1", "ssh_port": server.port,
+                                      "ssh_user": "root", "ssh_key": _client_key(tmp_path),
+                                      "connect_timeout_s": 5})
+        t = SSHTransport("h1", hv)
+        with pytest.raises(UnreachableError, match="is marked @revoked"):
+            t.run("true")
+        t.close()
+    finally:
+        server.close()
+    assert server.auth == []
+
+
+def test_i21_9_accept_new_never_records_a_revoked_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    home = fake_home(tmp_path, monkeypatch)
+    server = _RecordingSSHServer()
+    inventory_known = tmp_path / "inventory" / "known_hosts"
+    notes: list[str] = []
+    try:
+        (home / ".ssh" / "known_hosts").write_text(f"@revoked {server.known_line()}\n")
+        hv = HostVars.model_validate({
+            "address": "127.0.0.1", "ssh_port": server.port, "ssh_user": "root",
+            "ssh_key": _client_key(tmp_path), "connect_timeout_s": 5,
+            "host_key": "accept-new", "known_hosts": str(inventory_known)})
+        t = SSHTransport("h1", hv, note=notes.append)
+        with pytest.raises(UnreachableError, match="is marked @revoked"):
+            t.run("true")
+        t.close()
+    finally:
+        server.close()
+    assert inventory_known.read_text() == "" and notes == [] and server.auth == []
+
+
+def test_i21_9_the_accept_new_policy_checks_revocation_before_writing(tmp_path: Path) -> None:
+    import paramiko
+
+    from vigil.transport.ssh import _AcceptNew, _KeyRefused
+
+    key = paramiko.ECDSAKey.generate()
+    path = tmp_path / "known_hosts"
+    path.write_text("")
+    policy = _AcceptNew(path, lambda _: None, {key.get_base64()})
+    with pytest.raises(_KeyRefused, match="revoked"):
+        policy.missing_host_key(paramiko.SSHClient(), "h1", key)
+    assert path.read_text() == ""
+    load = KnownHosts(revoked={key.get_base64()})
+    keys = paramiko.HostKeys()
+    load_known_hosts(f"h1 {key.get_name()} {key.get_base64()}\n", keys, path, load)
+    assert keys.lookup("h1") is None  # so paramiko asks the policy, at key exchange

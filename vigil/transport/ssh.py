@@ -286,14 +286,19 @@ _WRITE_LOCK = threading.Lock()  # hosts connect from parallel threads
 
 class _AcceptNew(paramiko.MissingHostKeyPolicy):
     """Trust on first use: only a host with no key in any file gets here (a changed key
-    is refused before), and its key is appended to the inventory's known_hosts."""
+    is refused before), and its key is appended to the inventory's known_hosts; never a
+    key a known_hosts file marks @revoked (checked before anything is written)."""
 
-    def __init__(self, path: Path, note: Callable[[str], None]) -> None:
+    def __init__(self, path: Path, note: Callable[[str], None],
+                 revoked: set[str] | None = None) -> None:
         self.path = path
         self.note = note
+        self.revoked = revoked if revoked is not None else set()
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
                          key: paramiko.PKey) -> None:
+        if key.get_base64() in self.revoked:
+            raise _KeyRefused(key, "revoked")
         line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
         with _WRITE_LOCK, open(self.path, "a") as fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
@@ -334,11 +339,23 @@ def host_matches(patterns: str, name: str) -> bool:
     return found
 
 
+def revoked_keys(text: str) -> set[str]:
+    """The keys (base64) one known_hosts file marks @revoked."""
+    found = set()
+    for raw in text.splitlines():
+        fields = raw.split()
+        if len(fields) >= 4 and fields[0] == "@revoked":
+            found.add(fields[3])
+    return found
+
+
 def load_known_hosts(text: str, keys: paramiko.HostKeys, source: Path,
                      into: KnownHosts) -> None:
     """Add the entries of one known_hosts file to ``keys`` (plain and hashed names) and
     to ``into`` (the rest). Lines no key can be read from are skipped, as ssh skips
-    them: such a host stays unknown, never trusted."""
+    them: such a host stays unknown, never trusted. A key already in ``into.revoked``
+    is never added: paramiko then asks the policy at key exchange, which refuses it
+    before any authentication (``_Patterns``)."""
     for raw in text.splitlines():
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -354,7 +371,7 @@ def load_known_hosts(text: str, keys: paramiko.HostKeys, source: Path,
             entry = paramiko.hostkeys.HostKeyEntry.from_line(line)
         except (paramiko.SSHException, paramiko.hostkeys.InvalidHostKey, ValueError):
             continue
-        if entry is None or entry.key is None:
+        if entry is None or entry.key is None or entry.key.get_base64() in into.revoked:
             continue
         if any(c in fields[0] for c in "*?!"):
             into.patterns.append((fields[0], entry.key, source))
@@ -374,6 +391,9 @@ class _Patterns(paramiko.MissingHostKeyPolicy):
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
                          key: paramiko.PKey) -> None:
+        # called during key exchange, before authentication: a revoked key stops here
+        if key.get_base64() in self.known.revoked:
+            raise _KeyRefused(key, "revoked")
         expected = None
         for patterns, known, _ in self.known.patterns:
             if host_matches(patterns, hostname) and known.get_name() == key.get_name():
@@ -473,20 +493,25 @@ class SSHTransport(Closing):
         files = known_hosts_files(self.conn.ssh_config, Path.home())
         if inventory_file is not None:
             files.append(inventory_file)
+        texts: list[tuple[Path, str]] = []
         for path in files:
             # All files merge into one set, as ssh reads them all; unreadable ones are
             # skipped, as ssh skips them.
             try:
-                text = path.read_text(errors="replace")
+                texts.append((path, path.read_text(errors="replace")))
             except OSError:
                 continue
+        # every file's @revoked lines first: a revoked key is known in none of them
+        for _, text in texts:
+            known.revoked |= revoked_keys(text)
+        for path, text in texts:
             if not hop:
                 self.key_files.append(path)
             load_known_hosts(text, client.get_host_keys(), path, known)
         unknown: paramiko.MissingHostKeyPolicy = _Strict()
         if host.host_key == "accept-new":
             assert inventory_file is not None  # the inventory defaults it
-            unknown = _AcceptNew(inventory_file, note or _stderr_note)
+            unknown = _AcceptNew(inventory_file, note or _stderr_note, known.revoked)
         policy: paramiko.MissingHostKeyPolicy = _Patterns(known, unknown)
         client.set_missing_host_key_policy(_Hop(policy, hop) if hop else policy)
 
