@@ -601,3 +601,21 @@ def test_capture_and_kv_allocation_frames_name_their_phase(frame: str, phase: st
     m = catalog.classify("(Worker_TP0 pid=3) ERROR 11-29 10:00:00 [multiproc_executor.py:1]   "
                          + frame)
     assert m.reached == phase
+
+
+@pytest.mark.parametrize("line", [
+    "ptxas fatal   : Value 'sm_121a' is not defined for option 'gpu-name'",
+    "subprocess.CalledProcessError: Command '['/venv/triton/backends/nvidia/bin/ptxas', "
+    "'-lineinfo', '-v', '--gpu-name=sm_121a', '/tmp/a.ptx', '-o', '/tmp/a.ptx.o']' returned "
+    "non-zero exit status 255.",
+])
+def test_a_ptxas_older_than_a_blackwell_gpu_is_unsupported_gpu(line: str) -> None:
+    m = catalog.classify(line)
+    assert (m.kind, m.cause) == ("fatal", "unsupported_gpu")
+    assert m.remedy is not None and "(sm_121)" in m.remedy and "TRITON_PTXAS_PATH" in m.remedy
+
+
+def test_a_ptxas_failure_for_an_older_arch_is_not_named_unsupported() -> None:
+    m = catalog.classify("subprocess.CalledProcessError: Command '['ptxas', '--gpu-name=sm_90a', "
+                         "'/tmp/a.ptx']' returned non-zero exit status 255.")
+    assert m.cause == "unknown"

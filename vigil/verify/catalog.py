@@ -550,14 +550,24 @@ CAUSES: tuple[Cause, ...] = (
          # HIP's equivalents on ROCm: the build has no code object for this gfx target
          # (gpustack#3786 on gfx1151; hip_code_object.cpp's hipErrorNoBinaryForGpu)
          r"HIP error: invalid device function|hipErrorInvalidDeviceFunction"
-         r"|hipErrorNoBinaryForGpu|Unable to find code object for all current devices"),
+         r"|hipErrorNoBinaryForGpu|Unable to find code object for all current devices",
+         # ptxas (CUDA's PTX assembler, the copy Triton bundles) older than the GPU: it
+         # refuses the arch ("ptxas fatal : Value 'sm_121a' is not defined for option
+         # 'gpu-name'"), and Triton's make_cubin raises CalledProcessError for the ptxas
+         # command; only for sm_100 and later, where the toolchain lags (GB10: MinerU#4350,
+         # cosmos-reason2#30)
+         r"Value 'sm_(?P<arch3>\d+)\w?' is not defined for option 'gpu-name'"
+         r"|Command '\[[^\]]{0,400}ptxas'[^\]]{0,400}'--gpu-name=sm_(?P<arch4>1\d\d)\w?'"
+         r"[^\]]{0,400}\]' returned non-zero exit status"),
         ("0.5", "0.7", "0.8", "0.10", "0.11 (ROCm)"),
         "this build has no kernels for the GPU's architecture{arch_note}: on NVIDIA Blackwell "
         "(sm_100 B200, sm_120 RTX 50xx / RTX PRO 6000, sm_121 GB10) install a vLLM and torch "
         "built for CUDA 12.8 or newer (the cu128/cu129/cu130 wheels or images) or build with "
         "TORCH_CUDA_ARCH_LIST naming it; on AMD install a ROCm build for the GPU's gfx target "
         "(PYTORCH_ROCM_ARCH), or HSA_OVERRIDE_GFX_VERSION where a compatible target exists; "
-        "on pre-Ampere GPUs a dtype it supports (--dtype half)",
+        "when Triton's bundled ptxas refuses the arch, point TRITON_PTXAS_PATH at a newer "
+        "CUDA's ptxas (12.9+ for sm_121); on pre-Ampere GPUs a dtype it supports (--dtype "
+        "half)",
         needs=("arch",),
     ),
     Cause(
@@ -983,6 +993,9 @@ def remedy_for(cause: str, values: Mapping[str, str] | None = None) -> str:
         if alt in v and "world" not in v:
             v["world"] = v[alt]
     v["world_note"] = f" ({v['world']})" if v.get("world") else ""
+    for alt in ("arch3", "arch4"):
+        if alt in v and "arch" not in v:
+            v["arch"] = v[alt]
     v["arch_note"] = f" (sm_{v['arch']})" if v.get("arch") else ""
     v["cap_note"] = f" (compute capability {v['cap']})" if v.get("cap") else ""
     rec = CAUSE.get(cause)
