@@ -2114,3 +2114,34 @@ def test_i21_9_the_accept_new_policy_checks_revocation_before_writing(tmp_path: 
     keys = paramiko.HostKeys()
     load_known_hosts(f"h1 {key.get_name()} {key.get_base64()}\n", keys, path, load)
     assert keys.lookup("h1") is None  # so paramiko asks the policy, at key exchange
+
+
+def test_i21_4_the_release_backup_keeps_a_symlink_as_a_link_never_the_file_behind_it(
+        tmp_path: Path) -> None:
+    """A role file's destination that is a symlink to /etc/shadow: the backup keeps the
+    link, not shadow's bytes, and a rollback puts the link back."""
+    import os
+
+    from vigil.host import agent
+
+    secret = tmp_path / "shadow"
+    secret.write_text(SHADOW)
+    secret.chmod(0o600)
+    dest = tmp_path / "etc" / "x.conf"
+    dest.parent.mkdir()
+    dest.symlink_to(secret)
+    paths = {"unit": str(tmp_path / "u.service"), "env": str(tmp_path / "u.env"),
+             "current": str(tmp_path / "current"), "backup_dir": str(tmp_path / "backup")}
+    fifo = tmp_path / "etc" / "fifo"
+    os.mkfifo(fifo)
+    agent.backup_release(paths, [{"path": str(dest), "restart": None},
+                                 {"path": str(fifo), "restart": None}])
+    kept_bytes = b"".join(p.read_bytes() for p in (tmp_path / "backup").iterdir()
+                          if p.name.startswith("file-"))
+    assert b"SECRETHASH" not in kept_bytes
+    agent.write_atomic(str(dest), "new=1\n", 0o644)
+    assert not dest.is_symlink()
+    kept = agent.kept_role_files(paths["backup_dir"])
+    assert agent.restore_role_files(kept) == [str(dest)]  # the FIFO is left alone
+    assert os.readlink(dest) == str(secret) and secret.read_text() == SHADOW
+    assert fifo.exists()

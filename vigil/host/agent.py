@@ -1018,11 +1018,8 @@ def backup_release(paths: Dict[str, str], files: Optional[List[Json]] = None) ->
     kept = []
     for n, f in enumerate(files or []):
         entry = {"path": f["path"], "restart": f.get("restart"), "saved": None}
-        if os.path.isfile(f["path"]):  # absent now: a rollback removes it again
-            st = os.stat(f["path"])
-            shutil.copyfile(f["path"], os.path.join(tmp, "file-%d" % n))
-            entry.update(saved="file-%d" % n, mode=stat.S_IMODE(st.st_mode),
-                         uid=st.st_uid, gid=st.st_gid)
+        # absent now: a rollback removes it again
+        entry.update(_keep_role_file(f["path"], os.path.join(tmp, "file-%d" % n)))
         kept.append(entry)
     if kept:
         write_atomic(os.path.join(tmp, ROLE_FILES), json.dumps(kept), 0o600)
@@ -1032,6 +1029,38 @@ def backup_release(paths: Dict[str, str], files: Optional[List[Json]] = None) ->
         os.replace(bdir, old)
     os.replace(tmp, bdir)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def _keep_role_file(path: str, into: str) -> Json:
+    """What a rollback needs to put one role file back, read without following a symlink
+    (open_dir, O_NOFOLLOW): a regular file's bytes copied to `into` with its mode and
+    owner, a symlink's target (never the file it points at), or for anything else its
+    kind (a rollback leaves that alone); {} when absent."""
+    directory, name = _split(path)
+    try:
+        dfd = open_dir(directory)
+    except FileNotFoundError:
+        return {}
+    try:
+        try:
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return {}
+        if stat.S_ISLNK(st.st_mode):
+            return {"link": os.readlink(name, dir_fd=dfd)}
+        if not stat.S_ISREG(st.st_mode):
+            return {"kind": _kind(st.st_mode)}
+        fd = os.open(name, os.O_RDONLY | O_NOFOLLOW | O_NONBLOCK, dir_fd=dfd)
+        with os.fdopen(fd, "rb") as src:
+            fst = os.fstat(src.fileno())
+            if not stat.S_ISREG(fst.st_mode):
+                return {"kind": _kind(fst.st_mode)}
+            with open(into, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        return {"saved": os.path.basename(into), "mode": stat.S_IMODE(fst.st_mode),
+                "uid": fst.st_uid, "gid": fst.st_gid}
+    finally:
+        os.close(dfd)
 
 
 def run(
@@ -1598,8 +1627,26 @@ def kept_role_files(bdir: str) -> List[Json]:
 
 def restore_role_files(kept: List[Json]) -> List[str]:
     """Put each kept user-role file back as it was (absent before: removed again)."""
+    restored = []
     for f in kept:
-        if f["text"] is None:
+        if f.get("kind"):
+            continue  # not a file nor a link when kept: left as it is
+        restored.append(f["path"])
+        if f.get("link") is not None:
+            directory, name = _split(f["path"])
+            dfd = open_dir(directory, create=True)
+            try:
+                tmp = temp_name()
+                os.symlink(f["link"], tmp, dir_fd=dfd)
+                try:
+                    os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+                except BaseException:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp, dir_fd=dfd)
+                    raise
+            finally:
+                os.close(dfd)
+        elif f["text"] is None:
             directory, name = _split(f["path"])
             with contextlib.suppress(FileNotFoundError):
                 dfd = open_dir(directory)
@@ -1611,7 +1658,7 @@ def restore_role_files(kept: List[Json]) -> List[str]:
             write_atomic(f["path"], f["text"], f["mode"], (f["uid"], f["gid"]))
             with contextlib.suppress(OSError):
                 record_written(f["path"], f["text"])
-    return [f["path"] for f in kept]
+    return restored
 
 
 def status(req: Json) -> Json:
