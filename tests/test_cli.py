@@ -41,6 +41,8 @@ def test_every_task_that_reads_an_inventory_takes_i_and_none_takes_h() -> None:
         assert "h" not in flags, name
         if name not in ("replay", "init"):
             assert {"inventory", "i"} <= flags, name
+        if "hosts" in flags:
+            assert "H" in flags, name  # the same short flag wherever --hosts is
 
 
 def test_the_ops_repo_is_found_from_a_subfolder_and_relative_paths_are_its(

@@ -47,13 +47,19 @@ INVENTORY_HELP = ("inventory folder (default: the project's: vigil.yaml's invent
                   "./inventory); relative to the project root")
 
 
+# Short flags every task spells the same; the others are Invoke's automatic ones.
+SHORT_FLAGS = {"inventory": "i", "hosts": "H"}
+
+
 class VigilTask(Task[Any]):
-    """Invoke's task with vigil's flag manners: -h stays --help (never --hosts) and -i is
-    --inventory on every task."""
+    """Invoke's task with vigil's flag manners: -h stays --help (never --hosts), -i is
+    --inventory and -H --hosts on every task."""
 
     def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict[str, Any]:
-        reserved = {"h"} | ({"i"} if name != "inventory" else set())
+        reserved = {"h", *SHORT_FLAGS.values()}
         opts: dict[str, Any] = super().arg_opts(name, default, set(taken_names) | reserved)
+        if name in SHORT_FLAGS:
+            opts["names"] = [opts["names"][0], SHORT_FLAGS[name]]
         return opts
 
 
