@@ -1028,7 +1028,9 @@ def test_a15_max_model_len_is_bounded_by_the_other_keys_of_config_json(tmp_path:
 
 # == issue 21: trust, round two ================================================================
 # Items 1, 5, 6 and 7: a template is code from someone else; what a host says reaches a
-# terminal, a CI's XML parser and a browser. Each test replays one attack of the issue.
+# terminal, a CI's XML parser and a browser. Items 2-4: a role is someone else's too and
+# the agent writes as root. Items 9-14: SSH host keys, bounded reads on hosts, the
+# inventory's YAML, names and addresses. Each test replays one attack of the issue.
 
 _CLEAN = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff]")
 HOSTILE = ("journal \x1b]0;owned\x07 \x1b[2J\x1b]52;c;cm0gLXJmIH4=\x07 \x9b31m \x07\x08 "
