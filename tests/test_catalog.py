@@ -388,6 +388,11 @@ def test_import_warnings_and_quoted_frames_are_not_fatal() -> None:
     assert (m.kind, m.cause) == ("fatal", "hf_hub_unreachable")
 
 
+# torch.distributed's rendezvous giving up (issue 24.4; vllm#17056)
+FATALS.append(("distributed_init_timeout", "torch.distributed.DistStoreError: Timed out after "
+               "601 seconds waiting for clients. 1/4 clients joined."))
+
+
 @pytest.mark.parametrize(("cause", "message"), FATALS)
 @pytest.mark.parametrize("prefix", ["", "(EngineCore_DP0 pid=3) ", P31.replace("INFO", "ERROR")])
 def test_fatals(cause: str, message: str, prefix: str) -> None:
@@ -619,3 +624,19 @@ def test_a_ptxas_failure_for_an_older_arch_is_not_named_unsupported() -> None:
     m = catalog.classify("subprocess.CalledProcessError: Command '['ptxas', '--gpu-name=sm_90a', "
                          "'/tmp/a.ptx']' returned non-zero exit status 255.")
     assert m.cause == "unknown"
+
+
+@pytest.mark.parametrize(("line", "note"), [
+    ("torch.distributed.DistStoreError: Timed out after 601 seconds waiting for clients. 1/4 "
+     "clients joined.", "(1 of 4 joined)"),
+    ("torch.distributed.DistNetworkError: The client socket has timed out after 600000ms while "
+     "trying to connect to (172.17.0.9, 46229).", "at 172.17.0.9:46229"),
+    ("torch.distributed.DistStoreError: wait timeout after 600000ms, keys: /default_pg/0//cuda/"
+     "ncclUniqueId", ""),
+    ("RuntimeError: Timed out initializing process group in store based barrier on rank 1, for "
+     "key: store_based_barrier_key:1 (world_size=2, num_workers_joined=1, timeout=0:30:00)", ""),
+])
+def test_a_rendezvous_that_gave_up_is_a_distributed_init_timeout(line: str, note: str) -> None:
+    m = catalog.classify(line)
+    assert (m.kind, m.cause, m.reached) == ("fatal", "distributed_init_timeout", "distributed_init")
+    assert m.remedy is not None and note in m.remedy and "{" not in m.remedy

@@ -416,6 +416,30 @@ CAUSES: tuple[Cause, ...] = (
         hints=(r"NCCL WARN .{0,300}?(?:[Ff]ail(?:ed|ure)|[Ee]rror)",),
     ),
     Cause(
+        "distributed_init_timeout",
+        # torch.distributed's rendezvous gives up on a rank that never joined: TCPStore's
+        # server ("Timed out after 601 seconds waiting for clients. 1/4 clients joined.",
+        # c10d TCPStore.cpp), a client that cannot reach the store ("The client socket has
+        # timed out after 600000ms while trying to connect to (host, port)", socket.cpp),
+        # a store wait ("DistStoreError: wait timeout after 600000ms") and
+        # distributed_c10d's store-based barrier; vllm#17056 (DP 4), #19670, #12526
+        (r"Timed out after \d+ seconds waiting for clients\. (?P<joined>\d+)/(?P<world>\d+) "
+         r"clients joined"
+         r"|The client socket has timed out after \d+ ?ms while trying to connect to "
+         r"\((?P<host>[^,()]{1,200}), ?(?P<port>\d+)\)"
+         r"|DistStoreError: [Ww]ait timeout after \d+ ?ms"
+         r"|Timed out initializing process group in store based barrier",),
+        ("0.5", "0.8", "0.9"),
+        "the distributed rendezvous timed out: a rank{joined_note} never joined (another node "
+        "or data-parallel rank did not start, or failed before it connected), or it cannot "
+        "reach the store{store_note}. Start every node with the same world size and master "
+        "address/port, open that port between the nodes, set GLOO_SOCKET_IFNAME/"
+        "NCCL_SOCKET_IFNAME to the interface they share, and read the other ranks' logs for "
+        "the failure that kept them away",
+        needs=("joined", "world", "host", "port"),
+        reached="distributed_init",
+    ),
+    Cause(
         "port_in_use",
         # uvicorn ≤0.6: "[Errno 98] error while attempting to bind on address (…): [errno 98]
         # address already in use"; Python's OSError "[Errno 98] Address already in use"
@@ -998,6 +1022,9 @@ def remedy_for(cause: str, values: Mapping[str, str] | None = None) -> str:
             v["arch"] = v[alt]
     v["arch_note"] = f" (sm_{v['arch']})" if v.get("arch") else ""
     v["cap_note"] = f" (compute capability {v['cap']})" if v.get("cap") else ""
+    v["joined_note"] = (f" ({v['joined']} of {v['world']} joined)"
+                        if v.get("joined") and v.get("world") else "")
+    v["store_note"] = f" at {v['host']}:{v['port']}" if v.get("host") and v.get("port") else ""
     rec = CAUSE.get(cause)
     template = rec.remedy if rec is not None else VERDICT_REMEDIES.get(
         cause, CAUSE["unknown"].remedy)
