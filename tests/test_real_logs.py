@@ -82,6 +82,12 @@ with (HERE13 / "HARVEST13.tsv").open() as _fh:
 ALL = (CASES + HELDOUT + HARVEST2 + HARVEST3 + HARVEST4 + HARVEST5 + HARVEST6 + HARVEST7
        + HARVEST8 + HARVEST9 + HARVEST10 + HARVEST11 + HARVEST12 + HELDOUT12
        + HARVEST13)
+# Rendezvous that gave up (issue 24.4): 1/2 before distributed_init_timeout, 2/2 after.
+HERE14 = Path(__file__).parent / "fixtures" / "real-logs-14"
+with (HERE14 / "HARVEST14.tsv").open() as _fh:
+    HARVEST14 = [{**r, "file": str(HERE14 / r["file"])}
+                 for r in csv.DictReader(_fh, delimiter="\t")]
+ALL += HARVEST14
 # Known phase misses: the log itself does not show the phase the thread names.
 PHASE_NOT_IN_LOG = {
     "vllm-11485-v0-determine-blocks-no-kernel-image.log",  # method name only in the title
@@ -165,6 +171,8 @@ HARVEST_FLOORS = [
     pytest.param(HELDOUT12, 4, id="HELDOUT12"),
     # 6/8 held out (after the HARVEST12 rules); 8/8 after the ptxas rule
     pytest.param(HARVEST13, 8, id="HARVEST13"),
+    # 1/2 before the rendezvous-timeout cause; 2/2 after
+    pytest.param(HARVEST14, 2, id="HARVEST14"),
 ]
 
 
@@ -182,6 +190,7 @@ def test_the_twelfth_harvest_is_listed_once_with_its_sources() -> None:
     for r in HARVEST12 + HELDOUT12 + HARVEST13:
         assert r["issue_url"].startswith("https://github.com/"), r["file"]
     assert {p.name for p in HERE13.glob("*.log")} == {Path(r["file"]).name for r in HARVEST13}
+    assert {p.name for p in HERE14.glob("*.log")} == {Path(r["file"]).name for r in HARVEST14}
 
 
 def test_no_real_log_times_out() -> None:
