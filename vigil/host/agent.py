@@ -939,14 +939,25 @@ def write_atomic(
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=dfd)
             raise
-        os.fsync(dfd)
+        replace_synced(tmp, name, dfd)
     finally:
         os.close(dfd)
+
+
+def replace_synced(tmp: str, name: str, dir_fd: int) -> None:
+    """rename(2) tmp over name in the open directory (atomic), then sync the directory;
+    a failed rename leaves no temp behind."""
+    try:
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+    os.fsync(dir_fd)
 
 
 # What a write killed between creating its temp file and the rename leaves (SIGKILL,
@@ -992,13 +1003,7 @@ def switch_link(link: str, target: str) -> None:
         clean_temps(dfd)
         tmp = temp_name()
         os.symlink(target, tmp, dir_fd=dfd)
-        try:
-            os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)  # rename(2): atomic
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=dfd)
-            raise
-        os.fsync(dfd)
+        replace_synced(tmp, name, dfd)
     finally:
         os.close(dfd)
 
