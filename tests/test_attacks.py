@@ -293,6 +293,19 @@ def test_a2_accept_new_defaults_to_the_inventorys_known_hosts(tmp_path: Path) ->
     assert inventory.load(inv).host_vars("h1").known_hosts == str(inv / "known_hosts")
 
 
+def test_a2_a_strict_run_reads_the_keys_an_accept_new_run_recorded(tmp_path: Path) -> None:
+    """Issue 22.8: once accept-new wrote the inventory's known_hosts, a strict run (the
+    default) reads it too; before any exists, strict reads only ssh's own files."""
+    from vigil.desired import inventory
+
+    inv = tmp_path / "inv"
+    inv.mkdir()
+    (inv / "hosts.yml").write_text("hosts:\n  h1: {address: 10.0.0.1}\n")
+    assert inventory.load(inv).host_vars("h1").known_hosts is None
+    (inv / "known_hosts").write_text("10.0.0.1 ssh-ed25519 AAAA\n")
+    assert inventory.load(inv).host_vars("h1").known_hosts == str(inv / "known_hosts")
+
+
 # -- 3. connect timeouts below a second are kept, not truncated to "none" --------------------
 
 

@@ -269,8 +269,10 @@ class Inventory:
                 where = origin.get(f"{key}.{bad}", origin.get(key, ""))
                 raise ConfigError(phase_error(bad), file=files.get(where, where), key=key,
                                   fix="use one of: " + ", ".join(WATCHED_PHASES))
-        if merged.get("host_key") == "accept-new" and not merged.get("known_hosts"):
-            # trust on first use writes to the inventory's own file, never ~/.ssh
+        if not merged.get("known_hosts") and (
+                merged.get("host_key") == "accept-new" or (self.root / "known_hosts").is_file()):
+            # trust on first use writes to the inventory's own file, never ~/.ssh; and a
+            # strict run reads what an accept-new run recorded there (issue 22.8)
             merged["known_hosts"] = "known_hosts"
         for key in ("ssh_key", "known_hosts"):
             value = merged.get(key)
