@@ -170,8 +170,10 @@ def test_deploy_and_verify_from_the_users_repo_against_a_lab_host(
     unit = lab.run(INDEX, f"cat /etc/systemd/system/{UNIT}.service")[1]
     refused = run([str(installed / "vigil"), "deploy", "--hosts", "e2e", "--set",
                    "extra_args=[--no-such-option-of-vllm]"], cwd=ops_repo)
-    assert refused.returncode == 2, refused.stdout + refused.stderr
+    said = refused.stdout + refused.stderr  # the host's line, then the recap
+    assert refused.returncode == 2, said
+    assert "e2e: vLLM 0.32.0 in /opt/vigil/envs/lab-cpu-" in said, said
     assert "rejects --no-such-option-of-vllm: its own argument parser has no such " \
-        "option" in refused.stderr and "vLLM 0.32.0" in refused.stderr, refused.stderr
+        "option" in said, said
     assert lab.run(INDEX, f"cat /etc/systemd/system/{UNIT}.service")[1] == unit
     assert checkout_state() == before  # nothing written in the checkout
