@@ -20,6 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -61,13 +62,22 @@ def family(env_dir: str) -> str:
     return re.sub(r"-r\d+$", "", env_dir)
 
 
-def health() -> int | None:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{hosts.service_port(INDEX)}/health",
-                                    timeout=3) as r:
-            return int(r.status)
-    except Exception:
-        return None
+def health(within_s: float = 60.0) -> int | None:
+    """/health's status once it answers 200, else its last answer (None: no answer) after
+    within_s: a loaded 2-core machine can keep a serving vLLM from answering in 3 s (one
+    try then read a healthy server as down), so this waits on the answer, not a clock."""
+    deadline = time.monotonic() + within_s
+    last: int | None = None
+    while True:
+        try:
+            with urllib.request.urlopen(
+                    f"http://127.0.0.1:{hosts.service_port(INDEX)}/health", timeout=10) as r:
+                last = int(r.status)
+        except Exception:
+            last = None
+        if last == 200 or time.monotonic() >= deadline:
+            return last
+        time.sleep(1)
 
 
 def journal(invocation: str | None = None) -> str:
