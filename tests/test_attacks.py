@@ -1642,15 +1642,21 @@ def test_i21_3_a_host_file_vigil_did_not_write_is_shown_by_name_and_hash_only(
     assert "+new=1\n" in diff  # what vigil would write is still shown
 
 
-def test_i21_3_a_symlink_at_the_destination_is_never_followed(tmp_path: Path) -> None:
-    from vigil.host import agent
-
+def _linked_to_shadow(tmp_path: Path) -> tuple[Path, Path]:
+    """A root-only secret file, and a role destination that is a symlink to it."""
     secret = tmp_path / "shadow"
     secret.write_text(SHADOW)
     secret.chmod(0o600)
     dest = tmp_path / "etc" / "x.conf"
     dest.parent.mkdir()
     dest.symlink_to(secret)
+    return secret, dest
+
+
+def test_i21_3_a_symlink_at_the_destination_is_never_followed(tmp_path: Path) -> None:
+    from vigil.host import agent
+
+    secret, dest = _linked_to_shadow(tmp_path)
     state, diff = _check_diff(_file_role(dest))
     assert state["kind"] == "a symlink" and "sha256" not in state and state["text"] is None
     assert "SECRETHASH" not in diff and "a symlink" in diff
@@ -2139,12 +2145,7 @@ def test_i21_4_the_release_backup_keeps_a_symlink_as_a_link_never_the_file_behin
 
     from vigil.host import agent
 
-    secret = tmp_path / "shadow"
-    secret.write_text(SHADOW)
-    secret.chmod(0o600)
-    dest = tmp_path / "etc" / "x.conf"
-    dest.parent.mkdir()
-    dest.symlink_to(secret)
+    secret, dest = _linked_to_shadow(tmp_path)
     paths = {"unit": str(tmp_path / "u.service"), "env": str(tmp_path / "u.env"),
              "current": str(tmp_path / "current"), "backup_dir": str(tmp_path / "backup")}
     fifo = tmp_path / "etc" / "fifo"

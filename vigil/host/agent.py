@@ -1638,19 +1638,7 @@ def restore_role_files(kept: List[Json]) -> List[str]:
             continue  # not a file nor a link when kept: left as it is
         restored.append(f["path"])
         if f.get("link") is not None:
-            directory, name = _split(f["path"])
-            dfd = open_dir(directory, create=True)
-            try:
-                tmp = temp_name()
-                os.symlink(f["link"], tmp, dir_fd=dfd)
-                try:
-                    os.replace(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-                except BaseException:
-                    with contextlib.suppress(OSError):
-                        os.unlink(tmp, dir_fd=dfd)
-                    raise
-            finally:
-                os.close(dfd)
+            switch_link(f["path"], f["link"])  # the kept link back, atomically
         elif f["text"] is None:
             directory, name = _split(f["path"])
             with contextlib.suppress(FileNotFoundError):
