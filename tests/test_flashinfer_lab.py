@@ -163,7 +163,7 @@ def test_reinstall_moving_flashinfer_python_alone_is_refused(inv: Path) -> None:
 def test_hand_made_drift_is_reported_with_the_fix(inv: Path) -> None:
     env = current()
     # a uv environment (no pip in it): the drift made the way its fix says
-    sh(f"VIRTUAL_ENV={CURRENT} UV_CACHE_DIR=/var/cache/vigil/uv {UV} pip install -q "
+    sh(f"VIRTUAL_ENV={CURRENT} UV_CACHE_DIR=/opt/vigil/envs/.uv-cache {UV} pip install -q "
        f"--no-deps --no-index --find-links {wheels.IN_HOST} flashinfer-python==0.6.4")
     res = invoke(inv, "stack.check", "--hosts", HOST)
     assert res.returncode == 1 and "DRIFT" in res.stdout, res.stdout

@@ -130,7 +130,7 @@ def test_lab_stack_installs_and_checks_clean(ours: list[str]) -> None:
 def test_drift_is_reported_and_repaired(ours: list[str]) -> None:
     before_env, before_pid = current("lab3"), main_pid("lab3")
     # lab3's environment is uv's (no pip in it): drift made the way its fix says
-    sh("lab3", f"VIRTUAL_ENV={CURRENT} UV_NATIVE_TLS=1 UV_CACHE_DIR=/var/cache/vigil/uv "
+    sh("lab3", f"VIRTUAL_ENV={CURRENT} UV_NATIVE_TLS=1 UV_CACHE_DIR=/opt/vigil/envs/.uv-cache "
                f"{UV} pip install -q --no-deps torchvision==0.28.0")
     res = invoke("stack.check", "--hosts", "lab3")
     assert res.returncode == 1

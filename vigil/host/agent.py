@@ -1131,8 +1131,12 @@ def install_env(action: Json) -> Json:
     cache = action.get("cache_dir")
     pip = [python, "-m", "pip", "--disable-pip-version-check"]
     if uv:
-        # /root may be read-only (lab hosts): keep uv's cache in vigil's cache directory
-        env["UV_CACHE_DIR"] = cache or env.get("UV_CACHE_DIR") or "/var/cache/vigil/uv"
+        # The cache lives beside the environments, on their filesystem, so uv hard-links
+        # from it: a rebuild costs megabytes, not another 3.5 GB (a cache on another
+        # filesystem, /var/cache on its own volume, makes uv copy). Not under /root,
+        # which may be read-only (lab hosts).
+        env["UV_CACHE_DIR"] = cache or env.get("UV_CACHE_DIR") or \
+            os.path.join(os.path.dirname(env_dir), ".uv-cache")
         env["UV_PYTHON_DOWNLOADS"] = "never"
         # trust the host's CA store as pip does (a site proxy's CA lives there)
         env.setdefault("UV_SYSTEM_CERTS", "1")
