@@ -3,6 +3,9 @@ own GPUs, judged on the GPUs the host shows (a real 8x B200 capture, cut to 4)."
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from tests.test_gpus import capture
 from tests.test_plan import facts_for, target
 from vigil.deploy.preflight import problems
@@ -44,3 +47,37 @@ def test_a_flag_the_environments_vllm_lacks_is_refused_before_any_change() -> No
     known = {**parsed, "flags": flags}
     assert not [p for p in problems(t.name, t.profile, t.rendered,
                                     facts_for(t, vllm_flags=known)) if "vLLM" in str(p)]
+
+
+# systemctl's words on a machine whose PID 1 is not systemd (this one: PID 1 is
+# `process_api`), recorded verbatim from `systemctl show foo.service`
+NO_SYSTEMD = ("System has not been booted with systemd as init system (PID 1). Can't "
+              "operate.\nFailed to connect to bus: Host is down")
+
+
+def test_a_host_without_systemd_as_pid_1_is_refused_first() -> None:
+    """Issue 22.16: such a host passed preflight (`service: not loaded`) and a real apply
+    then installed the environment before failing at daemon-reload."""
+    t = target()
+    facts = facts_for(t, init={"booted": False, "pid1": "process_api"},
+                      service={"error": NO_SYSTEMD})
+    found = [str(p) for p in problems(t.name, t.profile, t.rendered, facts)]
+    assert found, "no refusal"
+    assert "systemd is not running as PID 1 (PID 1 is process_api" in found[0]
+    assert "booted with systemd as PID 1" in found[0]  # the fix
+    # systemctl's own words are proof enough when the host's facts say nothing of PID 1
+    found = [str(p) for p in problems(t.name, t.profile, t.rendered,
+                                      facts_for(t, service={"error": NO_SYSTEMD}))]
+    assert "systemctl cannot reach systemd: System has not been booted" in found[0]
+    booted = facts_for(t, init={"booted": True, "pid1": "systemd"})
+    assert not [p for p in problems(t.name, t.profile, t.rendered, booted)
+                if "systemd" in str(p)]
+
+
+def test_the_agent_reads_pid_1_as_systemd_itself_tests_for_it() -> None:
+    """sd_booted(): systemd is PID 1 exactly when /run/systemd/system exists."""
+    from vigil.host import agent
+
+    got = agent.init_facts()
+    assert got["booted"] is os.path.isdir("/run/systemd/system")
+    assert got["pid1"] == Path("/proc/1/comm").read_text().strip()

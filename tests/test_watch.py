@@ -11,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 import http.server
 import json
+import re
 import shlex
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import ClassVar
 
@@ -503,3 +504,35 @@ def test_first_poll_skips_the_previous_runs_lines() -> None:
     # Without invocation ids (older systemd), the exact start time decides.
     assert probe._other_start({"__REALTIME_TIMESTAMP": str(start_us - 1)}, None, start_us)
     assert not probe._other_start({"__REALTIME_TIMESTAMP": str(start_us)}, None, start_us)
+
+
+def _unit_error_probe(error: str, then: list[Snapshot]) -> Callable[[str | None], Snapshot]:
+    at = then[0].time if then else 1.0
+    failing = Snapshot.from_dict({"time": at, "unit": {"name": "vllm", "error": error}})
+    snaps = iter([failing, *then] if then else [failing] * 5)
+    return lambda cursor: next(snaps)
+
+
+def test_systemd_gone_ends_the_watch_at_once_with_systemctls_words() -> None:
+    """Issue 22.16: verify watched "bootstrap" for minutes while the systemctl error sat
+    only in the trace file."""
+    clock = FakeClock()
+    words = "System has not been booted with systemd as init system (PID 1). Can't operate."
+    with pytest.raises(HostError, match=re.escape(
+            "systemctl cannot answer (1 probe(s) in a row): System has not been booted")) as exc:
+        watch.watch(_unit_error_probe(words, []), lambda: Smoke(ok=False), Budgets(),
+                    clock=clock, sleep=clock.sleep, host="lab5")
+    assert "systemd as PID 1" in (exc.value.fix or "")
+
+
+def test_a_passing_systemctl_error_is_waited_out_and_a_lasting_one_is_not() -> None:
+    clock = FakeClock()
+    ready = lab_trace("lab-cold-ready.jsonl")
+    probe = _unit_error_probe("Connection timed out", [*ready])
+    state = watch.watch(probe, lambda: Smoke(ok=True, tokens=1), Budgets(), clock=clock,
+                        sleep=clock.sleep, max_failures=3)
+    assert state.verdict == "ready"
+    lasting = _unit_error_probe("timed out", [])
+    with pytest.raises(HostError, match=re.escape("(3 probe(s) in a row)")):
+        watch.watch(lasting, lambda: Smoke(ok=False), Budgets(), clock=clock,
+                    sleep=clock.sleep, max_failures=3)

@@ -38,10 +38,18 @@ class ServiceState(_Facts):
     main_pid: Count = Field(0, alias="MainPID")
     n_restarts: Count = Field(0, alias="NRestarts")
     unit_file_state: str = Field("", alias="UnitFileState")
+    error: str | None = None  # systemctl show failed (its stderr)
 
     @property
     def running(self) -> bool:
         return self.active_state in ("active", "activating", "reloading")
+
+
+class InitFacts(_Facts):
+    """Who runs the host: ``booted`` when systemd is PID 1 (sd_booted), PID 1's name."""
+
+    booted: bool | None = None
+    pid1: str | None = None
 
 
 class ReleaseFiles(_Facts):
@@ -112,6 +120,7 @@ class HostFacts(_Facts):
     roles: dict[str, Any] | None = None  # user roles' files and units (role_facts)
     # the environment's vLLM server parser: {"version", "flags"} or {"error"}
     vllm_flags: dict[str, Any] | None = None
+    init: InitFacts = Field(default_factory=lambda: InitFacts.model_validate({}))
 
     @property
     def unit_text(self) -> str | None:

@@ -15,6 +15,7 @@ from vigil.deploy.gpus import StaleProcess, stale_processes
 from vigil.desired.config import ModelProfile, Stack
 from vigil.desired.render import Rendered
 from vigil.errors import PermissionDeniedError, RefusedError, VigilError
+from vigil.verify import systemd
 
 
 def stale_gpu_processes(facts: HostFacts) -> list[StaleProcess]:
@@ -42,6 +43,9 @@ def problems(
     the GPUs are also judged against its CUDA release and architectures.
     ``gpus_needed``: a node group's node needs its share of the layout, not all of it."""
     out: list[VigilError] = []
+    no_init = systemd.pid1_problem(facts.init.booted, facts.init.pid1, facts.service.error)
+    if no_init:
+        out.append(RefusedError(f"{host_name}: {no_init}", fix=systemd.FIX))
     for what, ok in facts.writable.items():
         if not ok:
             path = {"unit": r.paths.unit, "env": r.paths.env, "envs": r.paths.env_dir,

@@ -796,6 +796,13 @@ def writable(path: str) -> bool:
     return os.access(probe, os.W_OK)
 
 
+def init_facts() -> Json:
+    """Whether systemd runs this host: sd_booted()'s own test and PID 1's name."""
+    comm = read_text("/proc/1/comm")
+    return {"booted": os.path.isdir("/run/systemd/system"),
+            "pid1": comm.strip() if isinstance(comm, str) else None}
+
+
 def facts(req: Json) -> Json:
     paths = req["paths"]
     files = {name: read_text(paths[name]) for name in RELEASE_FILES}
@@ -837,6 +844,7 @@ def facts(req: Json) -> Json:
         "port": port_owners(int(req["port"])),
         "uv": find_uv(),
         "roles": role_facts(req["roles"]) if req.get("roles") else None,
+        "init": init_facts(),
         "gpus": gpu_facts(os.path.join(env_dir, "bin", "python")),
         # an environment built before vigil recorded them: computed once, then read
         "vllm_flags": vllm_flags(env_dir) if packages and (

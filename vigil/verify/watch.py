@@ -24,7 +24,7 @@ from vigil.errors import HostError, VigilError
 from vigil.exitcodes import ExitCode
 from vigil.transport.remote import call_with
 from vigil.transport.ssh import Transport, connect, privileged
-from vigil.verify import history, reducer, smoke
+from vigil.verify import history, reducer, smoke, systemd
 from vigil.verify.budgets import (
     MIN_SAMPLES,
     BudgetKey,
@@ -171,6 +171,7 @@ def watch(
     state = reducer.initial()
     cursor: str | None = None
     failures = 0
+    unit_errors = 0  # probes in a row whose `systemctl show` failed
     snap = first
     while True:
         started = clock()
@@ -190,6 +191,14 @@ def watch(
         # after until the verdict), so a replayed trace reaches the same verdict.
         if state.verdict not in reducer.TERMINAL and _health_ok(state, snap):
             snap = snap.model_copy(update={"smoke": run_smoke()})
+        unit_error = snap.unit.error if snap.unit is not None else None
+        unit_errors = unit_errors + 1 if unit_error else 0
+        final = systemd.no_systemd(unit_error)
+        if unit_errors and (final or unit_errors >= max_failures):
+            # nothing else can judge the start: systemd's view of the unit is the proof
+            raise HostError(host, f"systemctl cannot answer ({unit_errors} probe(s) in a "
+                            f"row): {unit_error}",
+                            fix=systemd.FIX if final else "run `systemctl status` on the host")
         state = reducer.step(state, snap, budgets)
         if trace is not None:
             trace.write(snap.to_json() + "\n")
@@ -326,6 +335,10 @@ def _verify_on(t: Target, transport: Transport, settings: Settings, state_dir: P
         poller = Poller(transport, target, lambda c: privileged(c, t.vars, transport), settings)
         first = poller.probe(None)
         unit = first.unit
+        if unit is not None and unit.error is not None:
+            raise HostError(t.name, f"systemctl cannot answer for {t.vars.service}: "
+                            f"{unit.error}", fix=systemd.FIX if systemd.no_systemd(
+                                unit.error) else "run `systemctl status` on the host")
         if unit is not None and unit.error is None and unit.active_state == "inactive" \
                 and not unit.main_pid:
             raise HostError(t.name, f"{unit.name} is not running (inactive); nothing to verify",
