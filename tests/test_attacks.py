@@ -814,9 +814,10 @@ def test_a16_killed_sshd_session_mid_deploy_stops_it_and_the_waiting_deploy_goes
     lock = f"/var/lib/vigil/{SERVICE}.lock"
     first, second = _lab_target(tmp_path, "a"), _lab_target(tmp_path, "b")
     killed = tmp_path / "killed"
-    # The first deploy's drain hook (run mid-deploy: after facts and plan, before the
-    # first change) starts the second deploy, waits until it queues for the lock, then
-    # kills the first deploy's sshd session on the host.
+    # The first deploy's drain hook (run mid-deploy: after the new environment is built,
+    # before the round trip that writes the release and restarts) starts the second
+    # deploy, waits until it queues for the lock, then kills the first deploy's sshd
+    # session on the host.
     hook = tmp_path / "hook.py"
     hook.write_text(
         "import sys, time\n"
@@ -864,9 +865,10 @@ def test_a16_killed_sshd_session_mid_deploy_stops_it_and_the_waiting_deploy_goes
         time.sleep(0.1)
     assert results["second"].status in ("ok", "changed"), second_log.getvalue()
     assert "waiting up to 120 s for the deploy lock held by" in second_log.getvalue()
-    # the first deploy changed nothing after it lost the lock
+    # the first deploy changed nothing after it lost the lock: no unit written, no
+    # environment switched to (its new one was built before, unmarked and unused)
     code, _, _ = lab.run(INDEX, f"test -e /etc/systemd/system/{SERVICE}.service || "
-                         f"test -e /opt/vigil/{SERVICE}-envs")
+                         f"test -e /opt/vigil/{SERVICE}-envs/current")
     assert code != 0
 
 

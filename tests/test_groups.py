@@ -717,3 +717,45 @@ def test_apply_plan_says_what_the_host_completed_before_a_failure(tmp_path: Path
     assert done == ["backup", "write_env"]
     assert env.read_text() == "A=2\n"
     assert (Path(t.rendered.paths.backup_dir) / "env").read_text() == "A=1\n"
+
+
+def test_the_drain_runs_after_the_install_and_right_before_the_restarting_round_trip(
+        tmp_path: Path) -> None:
+    """Issue 21.16: the drain ran before an install that can last minutes; a failed
+    install left the host out of the pool with its old release serving. The real agent
+    over the local transport: a failed install never drains; without an install the
+    drain runs before any file of the release is written."""
+    from tests.conftest import target_in
+    from vigil.deploy.apply import apply_plan
+    from vigil.deploy.plan import Action, Plan
+    from vigil.deploy.runtime import install_payload
+    from vigil.errors import HostError
+    from vigil.transport.ssh import LocalTransport
+
+    t = target_in(tmp_path, "hosts:\n  h1: {connection: local, model: tiny-cpu, stack: "
+                  f"lab-cpu, config_dir: {tmp_path}/etc, unit_dir: {tmp_path}/units, "
+                  f"env_root: {tmp_path}/envs}}\n", "h1")
+    env = Path(t.rendered.paths.env)
+    env.parent.mkdir(parents=True)
+    env.write_text("A=1\n")
+    env_dir = f"{tmp_path}/envs/new"
+    payload = {**install_payload(t.stack, env_dir, t.rendered.paths.current),
+               "python": str(tmp_path / "no-such-python")}
+    write = Action("write_env", "changed", {"content": "A=2\n", "mode": "600"})
+    drained: list[str] = []
+
+    def drain() -> None:
+        drained.append(env.read_text())
+
+    failing = Plan("h1", (Action("install_env", "pins", payload),
+                          Action("mark_env", "mark", {"env_dir": env_dir}), write), True)
+    with pytest.raises(HostError, match="failed verification; nothing was switched"):
+        apply_plan(LocalTransport("h1"), t, failing, lambda _: None, [], before_stop=drain)
+    assert drained == [] and env.read_text() == "A=1\n"
+    apply_plan(LocalTransport("h1"), t, Plan("h1", (write,), True), lambda _: None, [],
+               before_stop=drain)
+    assert drained == ["A=1\n"] and env.read_text() == "A=2\n"
+    # a plan that restarts nothing drains nothing
+    apply_plan(LocalTransport("h1"), t, Plan("h1", (write,), False), lambda _: None, [],
+               before_stop=drain)
+    assert drained == ["A=1\n"]

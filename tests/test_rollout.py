@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import signal
 import sys
 import threading
 import xml.etree.ElementTree as ET
@@ -15,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tests.conftest import target_in
-from vigil.deploy import hooks, rollout
+from vigil.deploy import apply, hooks, rollout
 from vigil.desired import inventory
 from vigil.desired import targets as targets_mod
 from vigil.desired.targets import Target
@@ -274,3 +276,42 @@ def test_the_rollout_picture_has_a_row_per_host(tmp_path: Path) -> None:
     assert rollout_html.STATUS_COLOUR["rolled_back"] in fills
     page = rollout_html.rollout_page(ro)
     assert "stopped past the failure budget" in page and page.startswith("<!doctype html>")
+
+
+def test_a_hook_that_leaves_a_background_child_on_its_output_is_done_when_it_exits(
+        tmp_path: Path) -> None:
+    """Issue 21.16: a hook that exited but left a child holding its output was reported
+    'ran past 300 s'. Only the hook's own exit counts; one that really runs past its
+    time is killed with its process group."""
+    t = _targets(tmp_path, ["h1"])[0]
+    child = tmp_path / "child.pid"
+    quick = hooks.Hooks(before_stop=("sh", "-c", f"sleep 60 & echo $! > {child}; echo hi"),
+                        timeout_s=3)
+    quick.run("before_stop", t, lambda _: None)
+    os.kill(int(child.read_text()), signal.SIGKILL)
+    slow = hooks.Hooks(before_stop=("sleep", "60"), timeout_s=0.5)
+    with pytest.raises(HostError, match=r"ran past 0 s \(its process group was killed"):
+        slow.run("before_stop", t, lambda _: None)
+
+
+def test_a_deploy_failing_after_the_drain_undrains_or_says_the_host_is_left_drained(
+        tmp_path: Path) -> None:
+    script = tmp_path / "hook.py"
+    script.write_text(HOOK)
+    out = tmp_path / "calls.jsonl"
+    t = _targets(tmp_path, ["h1"])[0]
+    said: list[str] = []
+    ok = hooks.Hooks.parse(None, f"{sys.executable} {script} '{out}' 0")
+    # the restart never ran: the old release serves, so it goes back into the pool
+    assert "undrained: the old release was never stopped" in apply.undrain(
+        t, ok, restarted=False, say=said.append)
+    assert [json.loads(x)["VIGIL_HOOK"] for x in out.read_text().splitlines()] == [
+        "after_ready"]
+    # restarted into the failure: nothing serves, so it stays out, loudly
+    left = apply.undrain(t, ok, restarted=True, say=said.append)
+    assert "h1 is LEFT DRAINED: --before-stop ran and the service was restarted" in left
+    assert len(out.read_text().splitlines()) == 1
+    failing = hooks.Hooks.parse(None, f"{sys.executable} {script} '{out}' 4")
+    assert "h1 is LEFT DRAINED: putting it back failed: hook after_ready exited 4" in (
+        apply.undrain(t, failing, restarted=False, say=said.append))
+    assert "is LEFT DRAINED" in said[-1]

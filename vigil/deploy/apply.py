@@ -123,12 +123,17 @@ def missing_remedy(res: dict[str, Any], stack: str) -> str | None:
 
 
 def apply_plan(transport: Transport, t: Target, plan: Plan, say: Callable[[str], None],
-               done: list[str] | None = None) -> None:
+               done: list[str] | None = None,
+               before_stop: Callable[[], None] | None = None) -> None:
     """Apply the plan; ``done`` gets the kind of every action the host completed, also
-    when a later one fails (a group's rollback asks whether the backup was taken)."""
+    when a later one fails (a group's rollback asks whether the backup was taken).
+    ``before_stop`` (the drain) runs after the install, which may last minutes and fail
+    with the old release serving, and right before the round trip that restarts."""
     if not plan.actions:
         return
     first = apply_install(transport, t, plan, say)
+    if before_stop is not None and plan.restarts:
+        before_stop()
     request = {**agent_request(t), "actions": first + [
         a.wire() for a in plan.actions if a.kind not in ("install_env", "mark_env")]}
     reply = call(transport, t.vars, "apply", request, timeout=3600)
@@ -173,6 +178,7 @@ def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
     started = time.monotonic()
     result = HostResult(t.name, "failed")
     done: list[str] = []  # the actions the host completed
+    drained: list[str] = []  # the drain hook ran and nothing put the host back yet
 
     def say(message: str) -> None:
         log(t.name, message)
@@ -216,17 +222,24 @@ def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
                         result.status = "changed" if plan.changes else "ok"
                         result.main_pid = facts.service.main_pid or None if facts else None
                         return result
-                    if opts.hooks is not None and plan.restarts:
-                        opts.hooks.run("before_stop", t, say)
-                    apply_plan(transport, t, plan, say, done)
+                    hooks = opts.hooks if plan.restarts else None
+
+                    def drain() -> None:
+                        assert hooks is not None
+                        drained.append(t.name)
+                        hooks.run("before_stop", t, say)
+
+                    apply_plan(transport, t, plan, say, done,
+                               before_stop=drain if hooks is not None else None)
                     result.restarted = plan.restarts
                     need_wait = facts is not None and t.takes("verify") and (
                         plan.restarts or facts.health_status != 200)
                     if opts.wait and need_wait:
                         say("verifying the start: phases, evidence, a real completion")
                         verify_start(transport, t, opts, log, result)
-                        if opts.hooks is not None and plan.restarts:
-                            opts.hooks.run("after_ready", t, say)
+                        if hooks is not None:
+                            hooks.run("after_ready", t, say)
+                            drained.clear()
                     elif facts is not None:
                         result.main_pid = facts.service.main_pid or None
                     result.status = "changed" if plan.changes else "ok"
@@ -237,10 +250,33 @@ def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
         result.error = str(err)
         result.exit_code = int(err.exit_code)
         say(f"FAILED: {err}")
+        if drained and opts.hooks is not None:
+            result.error += undrain(t, opts.hooks, restarted="restart" in done, say=say)
     finally:
         result.replaced = "backup" in done
         result.seconds = round(time.monotonic() - started, 2)
     return result
+
+
+def undrain(t: Target, hooks: Hooks, *, restarted: bool, say: Callable[[str], None]) -> str:
+    """After a failure past the drain: put the host back while its old release still
+    serves (the restart never ran); else say loudly that it is left drained. The text is
+    added to the host's error."""
+    if restarted or not hooks.after_ready:
+        left = (f"\n  {t.name} is LEFT DRAINED: --before-stop ran and "
+                + ("the service was restarted into the failure" if restarted
+                   else "no --after-ready is given to put it back"))
+        say(left.strip())
+        return left + ("; put it back in the pool once it serves (a rollback with "
+                       "--after-ready does)")
+    try:
+        hooks.run("after_ready", t, say)
+    except HostError as exc:
+        why = exc.message.removeprefix(f"{t.name}: ")
+        say(f"{t.name} is LEFT DRAINED: putting it back failed: {why}")
+        return f"\n  {t.name} is LEFT DRAINED: putting it back failed: {why}"
+    say("undrained: the old release was never stopped and still serves")
+    return "\n  undrained: the old release was never stopped and still serves"
 
 
 def deploy(targets: list[Target], opts: Options, log: Log) -> list[HostResult]:

@@ -7,9 +7,12 @@ a real completion proved it ready. argv lists, never a shell: the host's name an
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
+import signal
 import subprocess
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -52,15 +55,32 @@ class Hooks:
         env = {**os.environ, "VIGIL_HOST": t.name, "VIGIL_ADDRESS": t.vars.address,
                "VIGIL_PORT": str(t.vars.port), "VIGIL_HOOK": which}
         say(f"hook {which}: {shlex.join(argv)}")
-        try:
-            done = subprocess.run(list(argv), env=env, capture_output=True, text=True,
-                                  timeout=self.timeout_s, check=False)
-        except FileNotFoundError:
-            raise HostError(t.name, f"hook {which}: {argv[0]}: command not found",
-                            fix="give the command's path") from None
-        except subprocess.TimeoutExpired:
-            raise HostError(t.name, f"hook {which} ran past {self.timeout_s:.0f} s") from None
-        if done.returncode != 0:
-            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
-            raise HostError(t.name, f"hook {which} exited {done.returncode}"
+        # Output goes to files and only the hook's own exit is awaited: a background child
+        # the hook leaves running (a `&` in a wrapper script) may keep its output open
+        # for hours, and is not the hook running past its time.
+        with tempfile.TemporaryFile() as out:
+            try:
+                proc = subprocess.Popen(list(argv), env=env, stdin=subprocess.DEVNULL,
+                                        stdout=out, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+            except FileNotFoundError:
+                raise HostError(t.name, f"hook {which}: {argv[0]}: command not found",
+                                fix="give the command's path") from None
+            except OSError as exc:
+                raise HostError(t.name, f"hook {which}: {argv[0]}: {exc.strerror}",
+                                fix="give a command this user may run") from None
+            try:
+                code = proc.wait(timeout=self.timeout_s)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                raise HostError(t.name, f"hook {which} ran past {self.timeout_s:.0f} s "
+                                "(its process group was killed)") from None
+            size = out.seek(0, os.SEEK_END)
+            out.seek(max(0, size - 64 * 1024))  # the tail is what an error quotes
+            text = out.read().decode("utf-8", "replace")
+        if code != 0:
+            tail = text.strip().splitlines()[-3:]
+            raise HostError(t.name, f"hook {which} exited {code}"
                             + ("".join(f"\n    {ln}" for ln in tail)))
