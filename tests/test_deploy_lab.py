@@ -16,6 +16,7 @@ import shutil
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -296,8 +297,10 @@ def test_follow_logs_streams_new_lines(deployed: dict[str, Any]) -> None:
     threading.Thread(target=read, daemon=True).start()
     port = lab.service_port(INDEX)
     try:
-        # the access log line of this request is written after `--follow` started
-        for _ in range(10):
+        # the access log line of this request is written after `--follow` started; the
+        # follow may take a while to start on a loaded machine: ask until a line is seen
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
             sh(f"curl -s http://127.0.0.1:{port}/v1/models >/dev/null")
             if seen.wait(timeout=1.5):
                 break
