@@ -1,7 +1,9 @@
 """What a verify shows: a live view on a terminal, plain lines in a pipeline, JSON, JUnit.
 
 Plain output prints a line when something a reader cares about changes (the phase, the
-verdict, which signals count as progress) plus a heartbeat a minute, never one per poll.
+verdict, a new warning) plus a heartbeat a minute, never one per poll: which signals count
+as progress flips nearly every poll (a 1-minute lab start printed 28 lines for it), so it
+rides on the lines printed, it does not print them.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def _label(state: reducer.WatchState) -> str:
 class _Seen:
     label: str = ""
     verdict: str | None = None
-    progress: str = "?"
+    warnings: int = 0
     printed_at: float = 0.0
 
 
@@ -92,13 +94,14 @@ class Reporter:
             progress = ", ".join(state.evidence.progress) or "none"
             now = self.clock()
             if (_label(state) != seen.label or state.verdict != seen.verdict
-                    or progress != seen.progress or now - seen.printed_at >= HEARTBEAT_S):
+                    or len(state.warnings) > seen.warnings
+                    or now - seen.printed_at >= HEARTBEAT_S):
                 text = line
-                if state.verdict == "slow" and seen.verdict != "slow" and state.warnings:
-                    text += f" [slow: {state.warnings[-1]}]"
+                if state.warnings[seen.warnings:]:
+                    text += f" [{state.verdict or 'warning'}: {state.warnings[-1]}]"
                 self._line(host, f"{text}  (progress: {progress})")
-                seen.label, seen.verdict, seen.progress = _label(state), state.verdict, progress
-                seen.printed_at = now
+                seen.label, seen.verdict = _label(state), state.verdict
+                seen.warnings, seen.printed_at = len(state.warnings), now
 
     def _line(self, host: str, message: str) -> None:
         if self.emit is not None:
