@@ -316,3 +316,41 @@ def test_a_connection_closed_at_once_is_not_called_a_timeout(
     message = str(err.value)
     assert f"root@127.0.0.1:{port} closed the connection before its SSH banner" in message
     assert "timed out" not in message and "MaxStartups" in message
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("jump, why", [
+    ("root@no-such-hop.invalid:22", "no-such-hop.invalid does not resolve"),
+    ("root@127.0.0.1:{closed}", "Connection refused"),
+])
+def test_a_proxyjump_hop_that_fails_is_named_as_the_hop_not_the_target(
+        jump: str, why: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 22.7: a hop that does not resolve was reported as the target's own failure
+    ("cannot connect to root@10.0.0.5:22: Name or service not known")."""
+    closed = _free_port()
+    jump = jump.format(closed=closed)
+    key = tmp_path / "id_ed25519"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)],
+                   check=True)
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "config").write_text(f"Host 10.0.0.5\n  ProxyJump {jump}\n")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    t = connect("gpu1", HostVars.model_validate({
+        "address": "10.0.0.5", "ssh_user": "root", "ssh_key": str(key),
+        "known_hosts": str(known), "connect_timeout_s": 5}))
+    try:
+        with pytest.raises(UnreachableError) as err:
+            t.run("true")
+    finally:
+        t.close()
+    host, _, port = jump.partition("@")[2].partition(":")
+    assert str(err.value).startswith(
+        f"gpu1: ProxyJump hop root@{host}:{port} on the way to root@10.0.0.5:22: {why}"), \
+        str(err.value)

@@ -535,6 +535,7 @@ class SSHTransport(Closing):
             return self._transport()
         started = time.monotonic()
         try:
+            self._open_hops()
             self.conn.open()
             self._check_revoked()
         except paramiko.BadHostKeyException as exc:
@@ -625,10 +626,51 @@ class SSHTransport(Closing):
             ) from None
         except OSError as exc:
             raise UnreachableError(
-                self.name, f"cannot connect to {self._where()}: {exc.strerror or exc}",
+                self.name, f"cannot connect to {self._where()}: {_os_reason(exc)}",
                 fix="check the address and port, and that sshd runs there",
             ) from None
         return self._transport()
+
+    def _open_hops(self) -> None:
+        """Open the ProxyJump hops first, the nearest first, so that a hop that does not
+        resolve, refuses or times out is named as the hop (Fabric opens them inside the
+        target's connect, where its error reads as the target's own)."""
+        from fabric import Connection
+
+        hops: list[Connection] = []
+        hop = self.conn.gateway
+        while isinstance(hop, Connection):
+            hops.append(hop)
+            hop = hop.gateway
+        for hop in reversed(hops):
+            if hop.is_connected:
+                continue
+            where = f"ProxyJump hop {hop.user}@{hop.host}:{hop.port} on the way to " \
+                f"{self._where()}"
+            try:
+                hop.open()
+            except (paramiko.BadHostKeyException, _KeyRefused):
+                raise  # _connect names the hop's key problem
+            except socket.gaierror as exc:
+                raise UnreachableError(
+                    self.name, f"{where}: {hop.host} does not resolve ({exc.strerror})",
+                    fix="fix the hop's name in ~/.ssh/config (ProxyJump / its Host block)",
+                ) from None
+            except paramiko.AuthenticationException:
+                raise UnreachableError(
+                    self.name, f"{where}: SSH authentication failed at the hop",
+                    fix="check the hop's User and IdentityFile in ~/.ssh/config",
+                ) from None
+            except TimeoutError:
+                raise UnreachableError(
+                    self.name, f"{where}: timed out after {hop.connect_timeout:g} s",
+                    fix="check that the hop is up and reachable, or raise connect_timeout_s",
+                ) from None
+            except (paramiko.SSHException, OSError) as exc:
+                why = _os_reason(exc) if isinstance(exc, OSError) else str(exc)
+                raise UnreachableError(self.name, f"{where}: {why}",
+                                       fix="check the hop's address and port, and that "
+                                       "sshd runs there") from None
 
     def _transport(self) -> paramiko.Transport:
         transport = self.conn.client.get_transport()
@@ -694,6 +736,17 @@ class SSHTransport(Closing):
 
     def close(self) -> None:
         self.conn.close()
+
+
+def _os_reason(exc: OSError) -> str:
+    """The system's own words: paramiko wraps a refused connect per address it tried
+    ("Unable to connect to port 22 on 10.0.0.5") around the errno that says why."""
+    inner = getattr(exc, "errors", None)
+    if isinstance(inner, dict) and inner:
+        words = {e.strerror or str(e) for e in inner.values() if isinstance(e, OSError)}
+        if words:
+            return "; ".join(sorted(words))
+    return exc.strerror or str(exc)
 
 
 def connect(name: str, host: HostVars) -> Transport:
