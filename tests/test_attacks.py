@@ -2186,3 +2186,71 @@ def test_i21_4_the_release_backup_keeps_a_symlink_as_a_link_never_the_file_behin
     assert agent.restore_role_files(kept) == [str(dest)]  # the FIFO is left alone
     assert os.readlink(dest) == str(secret) and secret.read_text() == SHADOW
     assert fifo.exists()
+
+
+# -- 17. an empty --serial is refused; every spelling of loopback is loopback -------------------
+
+
+@pytest.mark.parametrize("serial", ["", " ", "\t"])
+def test_i21_17_an_empty_serial_is_a_usage_error_naming_the_flag_and_the_fix(
+        serial: str) -> None:
+    from vigil.deploy import rollout
+
+    with pytest.raises(ConfigError) as err:
+        rollout.parse_serial(serial)
+    assert err.value.exit_code == 2
+    assert "--serial" in str(err.value) and "empty" in str(err.value)
+    assert "--serial 1" in str(err.value) and "leave the flag out" in str(err.value)
+    with pytest.raises(ConfigError, match="--serial"):
+        rollout.plan_batches(["h1", "h2", "h3"], serial)
+    assert rollout.plan_batches(["h1", "h2"], None) == [["h1", "h2"]]  # no flag: one batch
+
+
+def test_i21_17_deploy_with_an_empty_serial_exits_2_before_any_host_is_touched(
+        tmp_path: Path) -> None:
+    """`--serial "$SERIAL"` with the CI variable unset: all hosts at once, no canary."""
+    import os
+    import sys
+
+    inv = tmp_path / "inventory"
+    inv.mkdir()
+    repo = Path(__file__).resolve().parents[1]
+    for part in ("models", "stacks"):
+        (inv / part).symlink_to(repo / "inventory" / part)
+    (inv / "hosts.yml").write_text(
+        "hosts:\n" + "".join(f"  h{i}: {{address: 192.0.2.{i}, model: tiny-cpu, stack: lab-cpu,"
+                             " connect_timeout_s: 1}\n" for i in (1, 2, 3)))
+    run = subprocess.run(
+        [str(Path(sys.executable).parent / "invoke"), "deploy", "--hosts", "all",
+         "--serial", ""], cwd=repo, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "INVOKE_VIGIL_INVENTORY": str(inv),
+             "INVOKE_VIGIL_STATE_DIR": str(tmp_path / "state")})
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert "--serial" in run.stderr and "empty" in run.stderr
+    assert "192.0.2" not in run.stdout + run.stderr  # no host was dialled
+
+
+LOOPBACKS = ["127.0.0.1", "LOCALHOST", "localhost.", "Localhost.localdomain", "ip6-localhost",
+             "ip6-loopback", "api.localhost", "0.0.0.0", "::", "::1", "[::1]",
+             "0:0:0:0:0:0:0:1", "::ffff:127.0.0.1", "[::ffff:127.0.0.1]", "::1%lo", "127.1",
+             "127.0.0.2", "0x7f.0.0.1", "2130706433", " 127.0.0.1 "]
+
+
+@pytest.mark.parametrize("addr", LOOPBACKS)
+def test_i21_17_every_spelling_of_loopback_is_refused_as_a_multi_node_master(
+        tmp_path: Path, addr: str) -> None:
+    from tests.test_groups import _resolve
+
+    with pytest.raises(ConfigError) as err:
+        _resolve(tmp_path, f"head: gpu-a\nworkers: [gpu-b]\nmodel: glm-5-pp2\n"
+                 f"master_addr: {addr!r}\n")
+    assert "master_addr" in str(err.value) and "loopback" in str(err.value)
+
+
+@pytest.mark.parametrize("addr", ["10.0.0.11", "192.0.2.7", "gpu-a.example.com", "2001:db8::1",
+                                  "[2001:db8::1]", "::ffff:10.0.0.11", "localhost-1",
+                                  "mylocalhost", "128.0.0.1", "1"])
+def test_i21_17_an_address_of_the_head_is_still_a_master(addr: str) -> None:
+    from vigil.desired.groups import is_loopback
+
+    assert not is_loopback(addr)

@@ -76,9 +76,17 @@ def _step(item: str, flag: str) -> Step:
 
 
 def parse_serial(text: str | None) -> tuple[Step, ...]:
-    """``None``/empty: one batch of every host; else a comma-separated list of steps."""
-    if text is None or not text.strip():
+    """``None`` (no flag): one batch of every host; else a comma-separated list of steps.
+    An empty value is refused: it is what ``--serial "$SERIAL"`` passes when the CI
+    variable is unset, and read as "no flag" it would deploy every host at once, with no
+    canary."""
+    if text is None:
         return ()
+    if not text.strip():
+        raise ConfigError(f"{text!r} is empty (an unset CI variable?): read as no flag it "
+                          "would deploy every host at once, with no canary", key="--serial",
+                          fix="give the batches, e.g. --serial 1 or --serial 1,25%,100%, or "
+                          "leave the flag out for one batch of every host")
     return tuple(_step(item, "--serial") for item in text.split(","))
 
 

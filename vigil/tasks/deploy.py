@@ -88,6 +88,7 @@ def deploy(
         if forks < 1:
             raise ConfigError(f"{forks} hosts at once: at least 1", key="--forks",
                               fix=f"e.g. --forks {deploy_mod.FORKS}")
+        rollout.parse_serial(serial)  # a bad or empty --serial before anything is read
         targets = targets_mod.resolve(
             load_inventory(c), hosts_given(hosts, "deploy"), model=model, stack=stack,
             sets=set_ or [], template_dir=template_dirs(c),
@@ -98,7 +99,7 @@ def deploy(
                                   watch=watch_settings(c), state_dir=setting(c, "state_dir"),
                                   forks=forks,
                                   hooks=Hooks.parse(before_stop, after_ready))
-        if serial or max_fail or rollback_failed or junit or html:
+        if serial is not None or max_fail or rollback_failed or junit or html:
             ro = rollout.run(targets, opts, log, serial=serial, max_fail=max_fail,
                              rollback_failed=rollback_failed)
             echo(rollout.summary(ro))
