@@ -47,6 +47,8 @@ def runtime_differences(stack: Stack, facts: HostFacts) -> list[str]:
             diffs.append(f"{f.package} {f.version or 'missing'} != {stack.packages[f.package]}")
         elif f.rule == "remove":
             diffs.append(f"{f.package} {f.version} installed, must be removed")
+        elif f.rule == "lock":
+            diffs.append(f"{f.package} {f.version or 'missing'} != lock ({f.expected})")
         else:
             diffs.append(f"{f.package} {f.version or 'missing'} breaks {f.rule}")
     return diffs
@@ -106,6 +108,8 @@ def install_payload(
         "extra_index_urls": stack.extra_index_urls,
         "imports": list(stack.verify_imports),
         "installer": installer,
+        # with a lock: exactly its packages, hashes required (the pins are in it)
+        **({"lock": stack.lock} if stack.lock is not None else {}),
     }
 
 

@@ -393,6 +393,10 @@ class Stack(Strict):
     index_url: SafeText | None = None
     extra_index_urls: list[SafeText] = Field(default_factory=list)
     find_links: list[SafeText] = Field(default_factory=list)
+    # stacks/<name>.lock as read (vigil.desired.lock): every package exact and hashed; in
+    # the content hash, so a new lock is a new environment. Never written in the YAML.
+    lock: str | None = Field(None, description="read from stacks/<name>.lock (written by "
+                             "invoke stack.lock), never set in this file")
     # Rules change what is verified, not what is installed: kept out of model_dump so
     # they do not change the stack's content hash (and with it the environment directory).
     rules: Stack.Rules = Field(default_factory=lambda: Stack.Rules(), exclude=True)

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from vigil.desired import ansible
+from vigil.desired import lock as lockfile
 from vigil.desired import roles as roles_mod
 from vigil.desired.ansible import Parsed
 from vigil.desired.config import (
@@ -340,8 +341,33 @@ class Inventory:
         merged = merge(base.model_dump(), overrides)
         return parse_model(ModelProfile, merged, f"profile {name} with host overrides")
 
-    def stack(self, name: str) -> Stack:
-        return self._named("stacks", Stack, name)
+    def stack(self, name: str, *, with_lock: bool = True) -> Stack:
+        """The stack and, when ``stacks/<name>.lock`` exists, its lock: checked here, so a
+        lock that no longer matches the stack's pins fails before any host is touched
+        (``with_lock=False``: the stack alone, to lock it again)."""
+        path = self._file("stacks", name) if NAME.fullmatch(name) else None
+        if path is not None:
+            data = read_yaml(path)
+            if isinstance(data, dict) and "lock" in data:
+                raise ConfigError("`lock` is not a setting: the lock is the file "
+                                  f"stacks/{name}.lock", file=str(path), key="lock",
+                                  fix=f"remove it; lock the stack with invoke stack.lock "
+                                  f"--stack {name}")
+        stack = self._named("stacks", Stack, name)
+        lock_path = self.root / "stacks" / f"{name}.lock"
+        if not with_lock or not lock_path.is_file():
+            return stack
+        try:
+            text = lock_path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"cannot read it: {exc}", file=str(lock_path)) from None
+        parsed = lockfile.parse(text, str(lock_path))
+        stale = lockfile.stale_pins(parsed, stack.packages)
+        if stale:
+            raise ConfigError(
+                f"the lock no longer matches the stack's pins: {'; '.join(stale)}",
+                file=str(lock_path), fix=f"re-lock it: invoke stack.lock --stack {name}")
+        return stack.model_copy(update={"lock": text})
 
 
 # -- loading ------------------------------------------------------------------------------

@@ -120,8 +120,29 @@ def check_rules(
 
 
 def check(stack: Stack, installed: dict[str, str], pip: str = "pip") -> list[Finding]:
-    """Every way ``installed`` differs from ``stack``: pins, removals, then rules."""
-    return check_pins(stack, installed, pip) + check_rules(stack, installed, pip)
+    """Every way ``installed`` differs from ``stack``: pins, removals, rules, then the
+    lock (every other package of the environment, when the stack has one)."""
+    found = check_pins(stack, installed, pip) + check_rules(stack, installed, pip)
+    return found + [f for f in check_lock(stack, installed, pip)
+                    if not any(normalize(g.package) == normalize(f.package) for g in found)]
+
+
+def check_lock(stack: Stack, installed: dict[str, str], pip: str = "pip") -> list[Finding]:
+    """Transitive drift: each package that differs from the stack's lock."""
+    from vigil.desired import lock as lockfile
+
+    if stack.lock is None:
+        return []
+    lock = lockfile.parse(stack.lock, lockfile.file_of(stack.name))
+    found = []
+    for name, locked, have in lockfile.drift(lock, installed, stack.remove):
+        if locked:
+            found.append(Finding(name, have, "lock", f"locked =={locked}",
+                                 _install(pip, f"{name}=={locked}")))
+        else:
+            found.append(Finding(name, have, "lock", "not in the lock",
+                                 f"{pip} uninstall -y {name}"))
+    return found
 
 
 _NOT_INSTALLED = re.compile(r"^(\S+) (\S+) requires (\S+), which is not installed\.?$")

@@ -426,7 +426,9 @@ def installed_packages(env_dir: str) -> Tuple[Optional[Dict[str, str]], Optional
     python = os.path.join(env_dir, "bin", "python")
     if not os.path.exists(python):
         return None, None
-    proc = subprocess.run([python, "-c", PY_LIST], capture_output=True, text=True)
+    # -I: the environment's own packages only, not a stray *.dist-info in the working
+    # directory (sys.path's first entry for -c) nor PYTHONPATH
+    proc = subprocess.run([python, "-I", "-c", PY_LIST], capture_output=True, text=True)
     if proc.returncode != 0:
         return None, proc.stderr.strip()[-2000:]
     return json.loads(proc.stdout), None
@@ -1113,6 +1115,11 @@ def install_env(action: Json) -> Json:
     python = os.path.join(env_dir, "bin", "python")
     constraints = env_dir + ".constraints.txt"
     write_atomic(constraints, "".join(r + "\n" for r in action["requirements"]), 0o644)
+    lock = None
+    if action.get("lock") is not None:
+        # the stack's lock: exactly these packages, each hash checked, nothing resolved
+        lock = env_dir + ".lock.txt"
+        write_atomic(lock, action["lock"], 0o644)
     # 0600 from the first byte: the installer's output may name an index
     with os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
         os.fchmod(fh.fileno(), 0o600)
@@ -1155,7 +1162,10 @@ def install_env(action: Json) -> Json:
             [uv, "venv", "--python", action["python"], env_dir],
             [uv, "pip", "install", "--python", python, "-c", constraints,
              # pins are exact: any index may supply them (uv's default takes the first)
-             "--index-strategy", "unsafe-best-match"] + sources + action["requirements"],
+             "--index-strategy", "unsafe-best-match"] + sources + action["requirements"]
+            if lock is None else
+            [uv, "pip", "sync", "--python", python, "--require-hashes",
+             "--index-strategy", "unsafe-best-match"] + sources + [lock],
         ]
         uninstall = [uv, "pip", "uninstall", "--python", python]
     else:
@@ -1164,7 +1174,9 @@ def install_env(action: Json) -> Json:
         steps = [
             [action["python"], "-m", "venv", env_dir],
             pip + ["install", "--no-input", "-c", constraints] + sources
-            + action["requirements"],
+            + action["requirements"] if lock is None else
+            pip + ["install", "--no-input", "--require-hashes", "--no-deps"] + sources
+            + ["-r", lock],
         ]
         uninstall = pip + ["uninstall", "-y"]
     for cmd in steps:
@@ -1355,7 +1367,7 @@ def remove_envs(action: Json, paths: Dict[str, str]) -> Json:
         if real in keep:
             continue
         shutil.rmtree(real, ignore_errors=True)
-        for extra in (".install.log", ".constraints.txt"):
+        for extra in (".install.log", ".constraints.txt", ".lock.txt"):
             if os.path.exists(real + extra):
                 os.unlink(real + extra)
         removed.append(real)

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from invoke.collection import Collection
 
-from vigil.tasks import deploy, group, init, runtime, verify
+from vigil.tasks import deploy, group, init, lock, runtime, verify
 from vigil.tasks.project import DEFAULTS
 
 ns = Collection(deploy.deploy, deploy.render, deploy.status, deploy.logs, deploy.rollback,
                 verify.verify, verify.history, verify.replay, init.init)
 ns.add_task(runtime.preflight)
+runtime.stack.add_task(lock.lock)
 ns.add_collection(runtime.stack)
 ns.add_collection(group.ns)
 ns.configure({"vigil": dict.fromkeys(DEFAULTS)})
