@@ -59,7 +59,9 @@ def is_secret(name: str, declared: frozenset[str] = frozenset()) -> bool:
 
 def stack_hash(stack: Stack) -> str:
     """Content hash of a stack: a new hash means a new environment directory."""
-    canon = json.dumps(stack.model_dump(exclude={"description"}), sort_keys=True)
+    # no lock: the hash an unlocked stack always had (its environments stay current)
+    canon = json.dumps(stack.model_dump(exclude={"description"} | (
+        {"lock"} if stack.lock is None else set())), sort_keys=True)
     return hashlib.sha256(canon.encode()).hexdigest()[:12]
 
 
@@ -222,6 +224,38 @@ def redact_env_text(text: str, public: frozenset[str], shown: frozenset[str],
     return "\n".join(out)
 
 
+# Which secrets of secret_env must be set in the operator's environment: all (True), none
+# (False: a render for review), or these names (the tasks that write nothing).
+Secrets = bool | frozenset[str]
+API_KEY = "VLLM_API_KEY"  # vLLM reads --api-key from it; every smoke completion sends it
+SMOKE_SECRETS: frozenset[str] = frozenset({API_KEY})  # what verify and rollback need
+
+
+def check_secrets(host_name: str, host: HostVars, operator_env: Mapping[str, str],
+                  required: Secrets = True) -> None:
+    """Refuse when a required name of secret_env is not in the operator's environment."""
+    wanted = [n for n in host.secret_env
+              if required is True or (not isinstance(required, bool) and n in required)]
+    missing = [n for n in wanted if n not in operator_env]
+    if missing:
+        raise ConfigError(
+            f"secret_env of host {host_name} needs {', '.join(missing)}, "
+            "not set in your environment",
+            key="secret_env",
+            fix=f"export {missing[0]}=... before running, or remove it from secret_env",
+        )
+
+
+def api_key(host: HostVars, operator_env: Mapping[str, str],
+            profile_env: Mapping[str, str] | None = None) -> str | None:
+    """VLLM_API_KEY as ``render`` writes it in the env file (secret_env, from the
+    operator's environment, over the host's env over the profile's): the key a smoke
+    completion sends, in deploy, verify and rollback alike."""
+    if API_KEY in host.secret_env:
+        return operator_env.get(API_KEY, "")
+    return {**(profile_env or {}), **host.env}.get(API_KEY)
+
+
 def render(
     host_name: str,
     host: HostVars,
@@ -230,24 +264,18 @@ def render(
     operator_env: Mapping[str, str],
     template_dir: TemplateDirs = TEMPLATES,
     *,
-    require_secrets: bool = True,
+    require_secrets: Secrets = True,
     argv: Sequence[str] | None = None,
     node_note: str = "",
 ) -> Rendered:
     """Render one host's files. ``require_secrets=False`` (render for review) writes
-    missing secrets as empty values; they are masked in every shown form anyway. A node
+    missing secrets as empty values; they are masked in every shown form anyway; a set of
+    names requires only those (verify: the one its smoke sends, SMOKE_SECRETS). A node
     of a node group (vigil.desired.groups) passes its own ``argv`` and a ``node_note``
     that the unit carries as a comment."""
     paths = paths_for(host, stack)
     env: dict[str, str] = {**profile.env, **host.env}
-    missing = [n for n in host.secret_env if n not in operator_env]
-    if missing and require_secrets:
-        raise ConfigError(
-            f"secret_env of host {host_name} needs {', '.join(missing)}, "
-            "not set in your environment",
-            key="secret_env",
-            fix=f"export {missing[0]}=... before running, or remove it from secret_env",
-        )
+    check_secrets(host_name, host, operator_env, require_secrets)
     for name in host.secret_env:
         env[name] = operator_env.get(name, "")
     for name, value in env.items():
