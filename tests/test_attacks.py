@@ -2254,3 +2254,123 @@ def test_i21_17_an_address_of_the_head_is_still_a_master(addr: str) -> None:
     from vigil.desired.groups import is_loopback
 
     assert not is_loopback(addr)
+
+
+# -- 18. verify needs only the secret its smoke sends; rollback's smoke sends the same key -------
+
+
+def _task_ctx(inv: Path) -> Any:
+    from invoke.config import Config
+    from invoke.context import Context
+
+    from vigil.tasks.project import DEFAULTS
+
+    return Context(Config(overrides={"vigil": {
+        **dict.fromkeys(DEFAULTS), "inventory": str(inv), "state_dir": str(inv.parent / "state")}}))
+
+
+def _run_task(task: str, c: Any, **kwargs: Any) -> int:
+    from invoke.exceptions import Exit
+
+    from vigil.tasks.collection import ns
+
+    try:
+        ns[task](c, **kwargs)
+    except Exit as done:
+        return int(done.code)
+    return 0
+
+
+def _secret_inv(tmp_path: Path, secrets: str) -> Path:
+    inv = tmp_path / "inventory"
+    inv.mkdir()
+    repo = Path(__file__).resolve().parents[1]
+    for part in ("models", "stacks"):
+        (inv / part).symlink_to(repo / "inventory" / part)
+    (inv / "hosts.yml").write_text(f"hosts:\n  h1: {{address: 192.0.2.1, model: tiny-cpu, "
+                                   f"stack: lab-cpu, secret_env: [{secrets}]}}\n")
+    return inv
+
+
+def test_i21_18_verify_runs_without_a_deploy_only_secret_and_sends_the_api_key(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from vigil.verify import watch
+    from vigil.verify.watch import Outcome
+
+    seen: list[Target] = []
+
+    def verify_all(targets: list[Target], *args: Any, **kwargs: Any) -> list[Outcome]:
+        seen.extend(targets)
+        return [Outcome(t.name, error="unreachable here", exit_code=1) for t in targets]
+
+    monkeypatch.setattr(watch, "verify_all", verify_all)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("VLLM_API_KEY", "sk-verify-1")
+    inv = _secret_inv(tmp_path, "HF_TOKEN, VLLM_API_KEY")
+    assert _run_task("verify", _task_ctx(inv), hosts="h1") == 1  # the host, not the flag
+    assert "HF_TOKEN" not in capsys.readouterr().err
+    assert [t.name for t in seen] == ["h1"]
+    assert seen[0].rendered.env["VLLM_API_KEY"] == "sk-verify-1"  # what the smoke sends
+    # the key the smoke sends is still required: a smoke without it is a 401, not a verdict
+    monkeypatch.delenv("VLLM_API_KEY")
+    seen.clear()
+    assert _run_task("verify", _task_ctx(inv), hosts="h1") == 2
+    assert "VLLM_API_KEY" in capsys.readouterr().err and not seen
+
+
+def test_i21_18_group_verify_runs_without_a_deploy_only_secret(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    from vigil.tasks import group as group_tasks
+
+    repo = Path(__file__).resolve().parents[1]
+    inv = tmp_path / "inventory"
+    shutil.copytree(repo / "tests" / "fixtures" / "golden-groups" / "inventory", inv)
+    assert "secret_env: [HF_TOKEN]" in (inv / "hosts.yml").read_text()
+    watched: list[Any] = []
+    monkeypatch.setattr(group_tasks, "_watch", lambda c, g, log, s: watched.append(g) or 0)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    assert _run_task("group.verify", _task_ctx(inv), name="glm-native") == 0
+    assert [g.spec.name for g in watched] == ["glm-native"]
+
+
+def test_i21_18_rollback_smoke_sends_the_api_key_of_secret_env(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from contextlib import contextmanager
+
+    from vigil.deploy import service
+    from vigil.verify import watch
+
+    @contextmanager
+    def no_lock(*args: Any) -> Any:
+        yield
+
+    sent: list[str | None] = []
+    monkeypatch.setattr(service, "deploy_lock", no_lock)
+    monkeypatch.setattr(service, "call", lambda *a, **k: {"ok": True, "restored": ["unit"]})
+    monkeypatch.setattr(service, "status", lambda *a: type("S", (), {"served_name": "tiny"}))
+    monkeypatch.setattr(watch, "watch_service",
+                        lambda name, t, target, *a, **k: sent.append(target.api_key))
+    monkeypatch.setenv("VLLM_API_KEY", "sk-deploy-1")
+    hv = HostVars.model_validate({"address": "192.0.2.1", "secret_env": ["VLLM_API_KEY"]})
+
+    class T:
+        name = "h1"
+
+    service.rollback(T(), hv, wait=True, settings=watch.Settings(),  # type: ignore[arg-type]
+                     state_dir=Path("/nonexistent"), log=lambda h, m: None)
+    assert sent == ["sk-deploy-1"]  # as deploy's and verify's smoke send it
+    plain = HostVars.model_validate({"address": "192.0.2.1", "env": {"VLLM_API_KEY": "sk-env"}})
+    service.rollback(T(), plain, wait=True, settings=watch.Settings(),  # type: ignore[arg-type]
+                     state_dir=Path("/nonexistent"), log=lambda h, m: None)
+    assert sent[-1] == "sk-env"
+    # in secret_env but not set here: refused before anything is swapped, as deploy refuses
+    monkeypatch.delenv("VLLM_API_KEY")
+    swapped: list[object] = []
+    monkeypatch.setattr(service, "call", lambda *a, **k: swapped.append(a) or {"ok": True})
+    with pytest.raises(ConfigError, match="VLLM_API_KEY"):
+        service.rollback(T(), hv, wait=True, settings=watch.Settings(),  # type: ignore[arg-type]
+                         state_dir=Path("/nonexistent"), log=lambda h, m: None)
+    assert swapped == []

@@ -25,6 +25,7 @@ from typing import Any
 from vigil.deploy import service
 from vigil.deploy.apply import FORKS, Options, deploy_host
 from vigil.deploy.hooks import Hooks
+from vigil.desired.render import API_KEY
 from vigil.desired.targets import Target
 from vigil.errors import ConfigError, InternalError, VigilError
 from vigil.exitcodes import ExitCode
@@ -289,7 +290,8 @@ def rollback_host(t: Target, settings: WatchSettings, state_dir: Path, log: Log,
     try:
         with connect(t.name, t.vars) as transport:
             outcome = service.rollback(transport, t.vars, wait=True, settings=settings,
-                                       state_dir=state_dir, log=log)
+                                       state_dir=state_dir, log=log,
+                                       api_key=t.rendered.env.get(API_KEY))
         assert outcome is not None
         result.restarted = True
         result.verify = outcome_json(outcome)

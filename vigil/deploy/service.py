@@ -6,6 +6,7 @@ name are built here, never in a task.
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +16,8 @@ from typing import Any, Generic, TypeVar
 
 from vigil.desired.config import HostVars
 from vigil.desired.inventory import Inventory
-from vigil.desired.render import CACHE_ROOT, service_paths
+from vigil.desired.render import CACHE_ROOT, SMOKE_SECRETS, check_secrets, service_paths
+from vigil.desired.render import api_key as render_api_key
 from vigil.errors import HostError, InternalError, VigilError
 from vigil.transport.remote import call
 from vigil.transport.ssh import Transport, connect, deploy_lock, privileged
@@ -131,21 +133,29 @@ def follow(transport: Transport, hv: HostVars, lines: int,
 # -- rollback -------------------------------------------------------------------------
 
 
-def probe_target(hv: HostVars, served: str) -> watch.ProbeTarget:
+def probe_target(hv: HostVars, served: str, api_key: str | None) -> watch.ProbeTarget:
     """What the watcher needs of a service the inventory no longer describes (the
     restored release): paths from the host's variables, the model from its unit."""
     return watch.ProbeTarget(
         unit=hv.service, port=hv.port, user=hv.service_user,
         cache_dir=f"{CACHE_ROOT}/{hv.service}", python=f"{hv.env_root}/current/bin/python",
-        model=served, api_key=dict(hv.env).get("VLLM_API_KEY"))
+        model=served, api_key=api_key)
 
 
 def rollback(transport: Transport, hv: HostVars, *, wait: bool, settings: watch.Settings,
-             state_dir: Path, log: Callable[[str, str], None]) -> watch.Outcome | None:
+             state_dir: Path, log: Callable[[str, str], None], api_key: str | None = None,
+             ) -> watch.Outcome | None:
     """Swap the kept release back in and restart it, under the deploy lock like deploy (a
     rollback never swaps files under a deploy); with `wait`, watch the start with the
-    verify watcher and return its outcome (judge it with `ready_pid`)."""
+    verify watcher and return its outcome (judge it with `ready_pid`). Its smoke sends
+    ``api_key`` (a rollout's: the target's rendered key) or else VLLM_API_KEY as render
+    writes it for this host, secret_env from this environment — the key deploy's and
+    verify's smoke send; a key secret_env names but this environment lacks is refused
+    before anything is swapped."""
     name = transport.name
+    if wait and api_key is None:
+        check_secrets(name, hv, os.environ, SMOKE_SECRETS)
+        api_key = render_api_key(hv, os.environ)
     with deploy_lock(transport, hv, lambda message: log(name, message)):
         reply = call(transport, hv, "rollback",
                      {"unit": hv.service, "paths": service_paths(hv)}, timeout=600)
@@ -155,7 +165,7 @@ def rollback(transport: Transport, hv: HostVars, *, wait: bool, settings: watch.
         if not wait:
             return None
         served = status(transport, hv).served_name or ""
-        return watch.watch_service(name, transport, probe_target(hv, served), settings,
+        return watch.watch_service(name, transport, probe_target(hv, served, api_key), settings,
                                    state_dir,
                                    privileged_fn=lambda cmd: privileged(cmd, hv, transport),
                                    on_poll=Reporter(live=False, emit=log).poll)

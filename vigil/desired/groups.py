@@ -38,6 +38,7 @@ from vigil.desired.inventory import Inventory, parse_model, read_yaml
 from vigil.desired.render import (
     BANNER,
     TEMPLATES,
+    Secrets,
     TemplateDirs,
     _environment,
     _render,
@@ -397,7 +398,7 @@ def resolve_group(
     sets: list[str] | tuple[str, ...] = (),
     operator_env: Mapping[str, str] | None = None,
     template_dir: TemplateDirs = TEMPLATES,
-    require_secrets: bool = True,
+    require_secrets: Secrets = True,
 ) -> NodeGroup:
     """Read, check and render a node group; no host is contacted."""
     spec, file = load_spec(inv, name)

@@ -15,7 +15,7 @@ import yaml
 
 from vigil.desired.config import HostVars, ModelProfile, Stack
 from vigil.desired.inventory import Inventory, merge
-from vigil.desired.render import TEMPLATES, Rendered, TemplateDirs, render
+from vigil.desired.render import TEMPLATES, Rendered, Secrets, TemplateDirs, render
 from vigil.desired.roles import RenderedRole, render_role
 from vigil.desired.yamlfile import did_you_mean, fields_at, load_yaml
 from vigil.errors import ConfigError, RefusedError
@@ -110,7 +110,7 @@ def resolve(
     sets: list[str] | tuple[str, ...] = (),
     operator_env: Mapping[str, str] | None = None,
     template_dir: TemplateDirs = TEMPLATES,
-    require_secrets: bool = True,
+    require_secrets: Secrets = True,
     fits: bool = True,
 ) -> list[Target]:
     host_flags, profile_flags = parse_sets(sets, inv.role_keys(), inv.root)

@@ -20,6 +20,7 @@ from vigil.deploy.group import (
 )
 from vigil.desired import review
 from vigil.desired.groups import NodeGroup, resolve_group
+from vigil.desired.render import SMOKE_SECRETS, Secrets
 from vigil.exitcodes import ExitCode
 from vigil.report import Log, echo
 from vigil.tasks.common import (
@@ -40,7 +41,7 @@ from vigil.verify.watch import VERDICT_EXIT, Settings
 NAME_HELP = "node group (inventory/node_groups/NAME.yml)"
 
 
-def _resolve(c: Context, name: str, sets: list[str] | None, *, secrets: bool = True,
+def _resolve(c: Context, name: str, sets: list[str] | None, *, secrets: Secrets = True,
              ) -> NodeGroup:
     return resolve_group(load_inventory(c), name, sets=sets or [],
                          template_dir=template_dirs(c), require_secrets=secrets)
@@ -131,7 +132,7 @@ def verify(c: Context, name: str, set_: list[str] | None = None, stall: float | 
            poll: float | None = None) -> None:
     """Watch every node's start: the group's phase, who joined, one verdict."""
     with user_errors():
-        g = _resolve(c, name, set_)
+        g = _resolve(c, name, set_, secrets=SMOKE_SECRETS)  # it writes nothing
         code = _watch(c, g, _group_log(g), watch_settings(c, poll, stall))
     exit_with([code])
 

@@ -8,6 +8,7 @@ import json as json_mod
 from invoke.context import Context
 
 from vigil.desired import targets as targets_mod
+from vigil.desired.render import SMOKE_SECRETS
 from vigil.report import echo, write_json
 from vigil.tasks import pipeline
 from vigil.tasks.common import (
@@ -62,8 +63,10 @@ def verify(
     stopped (a slow start that progresses is given its time)."""
     with user_errors():
         settings = watch_settings(c, poll, stall, probe)
+        # verify writes nothing: of secret_env it needs only the key its smoke sends
         targets = targets_mod.resolve(load_inventory(c), hosts, model=model, stack=stack,
-                                     sets=set_ or [], template_dir=template_dirs(c))
+                                     sets=set_ or [], template_dir=template_dirs(c),
+                                     require_secrets=SMOKE_SECRETS)
         with verify_report.Reporter() as rep:
             outcomes = watch.verify_all(targets, settings, setting(c, "state_dir"),
                                         on_poll=rep.poll, on_note=rep.note)
