@@ -2374,3 +2374,164 @@ def test_i21_18_rollback_smoke_sends_the_api_key_of_secret_env(
         service.rollback(T(), hv, wait=True, settings=watch.Settings(),  # type: ignore[arg-type]
                          state_dir=Path("/nonexistent"), log=lambda h, m: None)
     assert swapped == []
+
+
+# -- 15. history and traces: no record that is not a time or a duration -------------------------
+
+# Each a record of the real key with one field made hostile; parsed by Python's json, which
+# reads NaN, Infinity and 1e400 (as inf) without complaint.
+_BAD_RECORDS = {
+    "started_at": ("started_at", 1e300), "started_at_nan": ("started_at", "NaN"),
+    "phase_nan": ("phases_s", {"compiling": "NaN"}), "phase_neg": ("phases_s", {"compiling": -5.0}),
+    "quiet_nan": ("quiet_s", {"compiling": "NaN"}), "quiet_huge": ("quiet_s", {"compiling": 1e308}),
+    "total_inf": ("total_s", "Infinity"), "total_neg": ("total_s", -1.0),
+}
+
+
+def _hostile_history(good: dict[str, Any]) -> tuple[str, list[str]]:
+    """The host's JSONL: the good record, then one hostile line per field; the lines'
+    numbers of the hostile ones."""
+    import json
+
+    lines = [json.dumps(good)]
+    for field, value in _BAD_RECORDS.values():
+        rec = json.loads(json.dumps(good))
+        if isinstance(value, dict):
+            rec[field] = {**rec[field], **value}
+        else:
+            rec[field] = value
+        text = json.dumps(rec).replace('"NaN"', "NaN").replace('"Infinity"', "Infinity")
+        lines.append(text)
+    return "\n".join(lines) + "\n", [str(n) for n in range(2, len(lines) + 1)]
+
+
+def test_i21_15_hostile_history_lines_are_ignored_with_one_warning_each() -> None:
+    from tests.test_history import rec
+    from vigil.verify import history
+
+    text, bad_lines = _hostile_history(rec(100.0).to_dict())
+    records, warnings = history.read_lines(text, "lab5:/var/lib/vigil/history/vllm.jsonl")
+    assert records == [rec(100.0)]  # the rest of the history is still used
+    assert len(warnings) == len(bad_lines)
+    for line, warning in zip(bad_lines, warnings, strict=True):
+        assert warning.startswith(f"lab5:/var/lib/vigil/history/vllm.jsonl line {line}: ")
+        assert "ignored" in warning and "\n" not in warning
+    assert "started_at" in warnings[0] and "1e+300" in warnings[0]
+    assert "quiet_s" in warnings[4] and "compiling" in warnings[4] and "nan" in warnings[4]
+    assert history.parse_lines(text) == ([rec(100.0)], len(bad_lines))
+
+
+def test_i21_15_hostile_rows_of_the_mirror_are_ignored_and_history_still_prints(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Rows an older vigil merged: `invoke history` had died in gmtime(1e300)."""
+    import json
+    import sqlite3
+
+    from tests.test_history import rec
+    from vigil.verify.history import Mirror, record_id
+
+    state = tmp_path / "state"
+    mirror = Mirror(state / "history.sqlite")
+    mirror.add([rec(100.0)])
+    text, _ = _hostile_history(rec(100.0).to_dict())
+    with sqlite3.connect(mirror.path) as db:
+        for i, line in enumerate(text.splitlines()[1:]):
+            db.execute("INSERT INTO records VALUES (?,?,?,?,?,?,?,?)",
+                       (f"bad{i}", "lab5", "tiny-cpu", "cpu-2c", "cold", float(i), "ready", line))
+    assert mirror.records() == [rec(100.0)]
+    assert len(mirror.warnings) == len(_BAD_RECORDS)
+    assert all(w.startswith(f"{mirror.path} record bad") and "ignored" in w
+               for w in mirror.warnings)
+    inv = _secret_inv(tmp_path, "")
+    c = _task_ctx(inv)
+    assert _run_task("history", c) == 0
+    seen = capsys.readouterr()
+    assert record_id(rec(100.0)) and "tiny-cpu" in seen.out and "Traceback" not in seen.err
+    assert seen.err.count("warning: ") == len(_BAD_RECORDS)
+    assert json.dumps(rec(100.0).to_dict())  # the good one is untouched
+
+
+def test_i21_15_a_nan_quiet_time_in_host_history_cannot_turn_stall_detection_off(
+        tmp_path: Path) -> None:
+    import math
+
+    from tests.conftest import target_in
+    from tests.test_watch import FakeClock, RecordedHost, lab_trace
+    from vigil.verify import watch
+
+    target = target_in(tmp_path, "hosts:\n  lab5: {address: 127.0.0.1, ssh_port: 2205, "
+                       "model: tiny-cpu, stack: lab-cpu}\n", "lab5")
+    snaps = lab_trace("lab-cold-ready.jsonl")
+    first = RecordedHost(snaps)
+    clock = FakeClock()
+    watch.verify_target(target, watch.Settings(), tmp_path / "a", transport=first,
+                        clock=clock, sleep=clock.sleep)
+    import json
+
+    good = json.loads(first.history.splitlines()[0])
+    text, bad_lines = _hostile_history(good)
+    notes: list[str] = []
+    second = RecordedHost(snaps, history_text=text)
+    out = watch.verify_target(target, watch.Settings(min_samples=1), tmp_path / "b",
+                              transport=second, clock=clock, sleep=clock.sleep,
+                              on_note=lambda host, message: notes.append(message))
+    assert out.verdict == "ready" and out.plan is not None and out.plan.level == "exact"
+    budgets = out.plan.budgets
+    assert all(math.isfinite(v) and 0 < v <= 3600 for v in budgets.stall_s.values())
+    assert all(math.isfinite(v) and 0 < v <= 3600 for v in budgets.phase_s.values())
+    only_good = watch.verify_target(target, watch.Settings(min_samples=1), tmp_path / "c",
+                                    transport=RecordedHost(snaps, history_text=first.history),
+                                    clock=clock, sleep=clock.sleep)
+    assert only_good.plan is not None and only_good.plan.budgets == budgets  # nothing changed
+    ignored = [n for n in notes if "record ignored" in n]
+    assert len(ignored) == len(bad_lines)
+    assert all(n.startswith("lab5:/var/lib/vigil/history/vllm.jsonl line ") for n in ignored)
+
+
+def _backwards_trace(tmp_path: Path) -> Path:
+    import json
+
+    lines = (Path(__file__).resolve().parent / "fixtures" / "traces"
+             / "lab-cold-ready.jsonl").read_text().splitlines()
+    snaps = [json.loads(line) for line in lines]
+    end = snaps[0]["time"] + snaps[-1]["time"]
+    for s in snaps:  # the same start with its clock running backwards
+        s["time"] = end - s["time"]
+        for ln in s["journal"]["lines"]:
+            ln["us"] = int(end * 1e6) - ln["us"]
+    path = tmp_path / "backwards.jsonl"
+    path.write_text("".join(json.dumps(s) + "\n" for s in snaps))
+    return path
+
+
+def test_i21_15_a_trace_whose_time_runs_backwards_never_replays_to_negative_phases(
+        tmp_path: Path) -> None:
+    from vigil.verify import replay
+
+    path = _backwards_trace(tmp_path)
+    out = replay.replay_file(path)
+    assert all(p["duration_s"] >= 0 for p in out["phases"]), out["phases"]
+    assert out["verdict"] != "ready"
+    assert out["ignored"] == [f"{path}: 44 snapshots whose time runs backwards ignored "
+                              "(the first: line 2, 2.1 s before line 1)"]
+    # one snapshot stepping back in a good trace costs that snapshot, not the replay
+    good = (Path(__file__).resolve().parent / "fixtures" / "traces"
+            / "lab-cold-ready.jsonl").read_text().splitlines()
+    import json
+
+    odd = json.loads(good[10])
+    odd["time"] -= 3600.0
+    glitch = tmp_path / "glitch.jsonl"
+    glitch.write_text("\n".join([*good[:10], json.dumps(odd), *good[11:]]) + "\n")
+    got = replay.replay_file(glitch)
+    assert got["verdict"] == "ready" and all(p["duration_s"] >= 0 for p in got["phases"])
+    assert len(got["ignored"]) == 1 and "line 11" in got["ignored"][0]
+
+
+def test_i21_15_replay_prints_the_ignored_line_as_one_warning(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _backwards_trace(tmp_path)
+    _run_task("replay", _task_ctx(tmp_path / "none"), file=str(path))
+    seen = capsys.readouterr()
+    assert seen.err.count("warning: ") == 1 and "runs backwards" in seen.err
+    assert "Traceback" not in seen.err

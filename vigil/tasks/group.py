@@ -68,7 +68,8 @@ def _show(log: Log, group: str) -> Callable[[GroupState], None]:
 
 def _watch(c: Context, g: NodeGroup, log: Log, settings: Settings) -> int:
     gs = verify_group(g, settings, state_dir=setting(c, "state_dir"),
-                      on_poll=_show(log, g.spec.name)).history[-1]
+                      on_poll=_show(log, g.spec.name),
+                      on_note=lambda line: log(g.spec.name, f"warning: {line}")).history[-1]
     if gs.verdict is None:
         log(g.spec.name, "no verdict")
         return int(ExitCode.TIMED_OUT)

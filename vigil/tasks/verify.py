@@ -4,6 +4,7 @@ flags, makes one library call and reports."""
 from __future__ import annotations
 
 import json as json_mod
+import sys
 
 from invoke.context import Context
 
@@ -93,6 +94,8 @@ def history(c: Context, model: str | None = None, hosts: str | None = None,
         names = load_inventory(c).select(hosts) if hosts else None
         mirror = history_mod.Mirror(setting(c, "state_dir") / "history.sqlite")
         records = mirror.records(model=model, hosts=names)
+        for line in mirror.warnings:  # rows an older vigil merged, each ignored
+            echo(f"warning: {line}", file=sys.stderr)
         echo(verify_report.history_table(records))
         if html:
             verify_html.write(str(out_path(c, html)), verify_html.history_page(records))
@@ -103,6 +106,8 @@ def replay(c: Context, file: str, json: bool = False) -> None:
     """Re-run the watcher on a recorded trace or a vLLM log: phases and verdict."""
     with user_errors():
         out = replay_mod.replay_file(file)
+        for line in out["ignored"]:  # what the input held that cannot be replayed
+            echo(f"warning: {line}", file=sys.stderr)
     if json:
         echo(json_mod.dumps(out, indent=2))
         return

@@ -322,11 +322,13 @@ def verify_group(
     state_dir: Path | None = None,
     on_poll: Callable[[GroupState], None] | None = None,
     deadline_s: float | None = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> GroupWatch:
     """Watch a node group's start over one connection per node: every node's journal,
     processes and GPUs, one verdict. With ``state_dir`` the budgets come from the history
     of this group's layout (the head's key with the layout in it) and the start is
-    recorded there and on the head; else the phase defaults (or --stall)."""
+    recorded there and on the head; else the phase defaults (or --stall). ``on_note``
+    gets one line per history record ignored (a line of the head's file, a mirror row)."""
     budgets = with_stall(Budgets(), settings.stall_s)
     with ExitStack() as stack:
         probes = {}
@@ -352,7 +354,8 @@ def verify_group(
         key = mirror = None
         if state_dir is not None:
             mirror = history.Mirror(state_dir / "history.sqlite")
-            cores, records = history.read_host(transports[head.name], head.vars)
+            cores, records = history.read_host(transports[head.name], head.vars,
+                                               warn=on_note)
             mirror.add(records)
             # a group start is judged cold: the layout's history is its own
             key = group_key(history.budget_key(head.vars, head.profile, head.stack,
@@ -365,6 +368,9 @@ def verify_group(
                                 defaults=phase_defaults(head.vars.phase_budget_s,
                                                         head.vars.stall_window_s))
             budgets = with_stall(plan.budgets, settings.stall_s)
+            if on_note is not None:
+                for line in mirror.warnings:
+                    on_note(line)
         traces = None
         if state_dir is not None:
             traces = {n: stack.enter_context(_open(trace_path(state_dir, n))) for n in probes}

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sqlite3
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from vigil.errors import ConfigError, HostError
 from vigil.transport.remote import call
 from vigil.transport.ssh import Transport
 from vigil.verify.budgets import BudgetKey, CacheState, HistoryRecord
+from vigil.verify.replay import MAX_EPOCH_S
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -80,8 +82,47 @@ def record_id(rec: HistoryRecord) -> str:
     return hashlib.sha256(json.dumps(rec.to_dict(), sort_keys=True).encode()).hexdigest()[:20]
 
 
+# A record's numbers must be times and durations, or it would steer the next budgets:
+# NaN compares false with everything (a NaN quiet time turned stall detection off for its
+# key), 1e308 widens a stall window to the cap, a negative phase is a clock that ran
+# backwards, and 1e300 is no date gmtime can print (`invoke history` died of it).
+LONGEST_S = 7 * 86400.0  # no start, phase or quiet stretch of one is longer than a week
+MAX_WARNINGS = 10  # ignored lines said one by one per file; then one line for the rest
+
+
+def _number(value: object, what: str, most: float, unit: str) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value) and 0 <= value <= most
+    if not ok:
+        raise ValueError(f"{what} {value!r} is not {unit} (0 to {most:.0f})")
+
+
+def check_record(rec: HistoryRecord) -> HistoryRecord:
+    """The record when every number in it is a time or a duration; else ValueError that
+    names the field and the value."""
+    _number(rec.started_at, "started_at", MAX_EPOCH_S, "seconds since the epoch")
+    _number(rec.total_s, "total_s", LONGEST_S, "a duration in seconds")
+    for name, values in (("phases_s", rec.phases_s), ("quiet_s", rec.quiet_s)):
+        for phase, seconds in values.items():
+            _number(seconds, f"{name}.{phase}", LONGEST_S, "a duration in seconds")
+    if rec.weights_gib_per_gpu is not None:
+        _number(rec.weights_gib_per_gpu, "weights_gib_per_gpu", 1e6, "a size in GiB")
+    if rec.gpu_count is not None and (not isinstance(rec.gpu_count, int)
+                                      or isinstance(rec.gpu_count, bool)):
+        raise ValueError(f"gpu_count {rec.gpu_count!r} is not a count")
+    if rec.gpu_count is not None:
+        _number(rec.gpu_count, "gpu_count", 1e6, "a count")
+    return rec
+
+
 def record_from_dict(data: Mapping[str, Any]) -> HistoryRecord:
-    """Parse one stored record; ValueError when it is not one."""
+    """Parse one stored record; ValueError, naming what is wrong, when it is not one
+    (the one check every record read back passes: the host's lines and the mirror's
+    rows)."""
+    return check_record(_parse_record(data))
+
+
+def _parse_record(data: Mapping[str, Any]) -> HistoryRecord:
     try:
         k = data["key"]
         cache = k["cache"]
@@ -106,16 +147,36 @@ def record_from_dict(data: Mapping[str, Any]) -> HistoryRecord:
 def parse_lines(text: str) -> tuple[list[HistoryRecord], int]:
     """Records from a host's JSONL; (records, lines skipped). A torn last line (a host
     that lost power mid-append) must not cost the rest of the history."""
+    records, _ = read_lines(text, "history")
+    return records, sum(1 for line in text.split("\n") if line.strip()) - len(records)
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, RecursionError):
+        return "JSON nested too deep"
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 200 else text[:199] + "…"
+
+
+def read_lines(text: str, file: str) -> tuple[list[HistoryRecord], list[str]]:
+    """Records from a host's JSONL and one warning line per line ignored, naming ``file``
+    and the line (the first MAX_WARNINGS, then how many more): a torn or hostile line
+    costs itself, never the rest of the history."""
     out: list[HistoryRecord] = []
+    warnings: list[str] = []
     bad = 0
-    for line in text.split("\n"):  # JSONL lines end at \n only (not at U+0085 inside one)
+    for n, line in enumerate(text.split("\n"), 1):  # at \n only (not at U+0085 in one)
         if not line.strip():
             continue
         try:
             out.append(record_from_dict(json.loads(line)))
-        except (ValueError, RecursionError):
+        except (ValueError, RecursionError) as exc:
             bad += 1
-    return out, bad
+            if bad <= MAX_WARNINGS:
+                warnings.append(f"{file} line {n}: {_why(exc)}; record ignored")
+    if bad > MAX_WARNINGS:
+        warnings.append(f"{file}: {bad - MAX_WARNINGS} more lines ignored")
+    return out, warnings
 
 
 # -- the local mirror ---------------------------------------------------------------
@@ -127,6 +188,7 @@ class Mirror:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.skipped = 0  # corrupt rows left out of records()
+        self.warnings: list[str] = []  # one line per row left out (MAX_WARNINGS, then a count)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with closing(self._db()) as db, db:
@@ -154,7 +216,7 @@ class Mirror:
 
     def records(self, *, model: str | None = None,
                 hosts: Iterable[str] | None = None) -> list[HistoryRecord]:
-        sql = "SELECT record FROM records"
+        sql = "SELECT id, record FROM records"
         where: list[str] = []
         args: list[Any] = []
         if model:
@@ -168,26 +230,39 @@ class Mirror:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY started_at"
         out: list[HistoryRecord] = []
+        self.skipped, self.warnings = 0, []  # of this read
         try:
             with closing(self._db()) as db:
-                for row in db.execute(sql, args):
+                for row_id, text in db.execute(sql, args):
                     try:
-                        out.append(record_from_dict(json.loads(row[0])))
-                    except (ValueError, TypeError, RecursionError):
+                        out.append(record_from_dict(json.loads(text)))
+                    except (ValueError, TypeError, RecursionError) as exc:
                         self.skipped += 1  # a corrupt row costs itself, not the history
+                        self._warn(f"{self.path} record {row_id}: {_why(exc)}; record "
+                                   "ignored")
         except sqlite3.Error as exc:
             raise ConfigError(f"cannot read the history mirror: {exc}", file=str(self.path),
                               fix="move the file aside; `invoke history` rebuilds it from "
                               "the hosts") from None
+        if self.skipped > MAX_WARNINGS:
+            self.warnings.append(f"{self.path}: {self.skipped - MAX_WARNINGS} more records "
+                                 "ignored")
         return out
+
+    def _warn(self, line: str) -> None:
+        if self.skipped <= MAX_WARNINGS:
+            self.warnings.append(line)
 
 
 # -- the host's copy ----------------------------------------------------------------
 
-def read_host(transport: Transport, host: HostVars) -> tuple[int | None, list[HistoryRecord]]:
+def read_host(transport: Transport, host: HostVars,
+              warn: Callable[[str], None] | None = None,
+              ) -> tuple[int | None, list[HistoryRecord]]:
     """(CPU cores, records) from the host, one round trip (the agent's `history` verb): the
-    core count belongs to the budget key of a CPU host."""
-    return _history(transport, host, None)
+    core count belongs to the budget key of a CPU host. ``warn`` gets one line per line of
+    the host's file that is ignored."""
+    return _history(transport, host, None, warn)
 
 
 def append_host(transport: Transport, host: HostVars, record: HistoryRecord) -> None:
@@ -195,7 +270,8 @@ def append_host(transport: Transport, host: HostVars, record: HistoryRecord) -> 
     _history(transport, host, record)
 
 
-def _history(transport: Transport, host: HostVars, append: HistoryRecord | None
+def _history(transport: Transport, host: HostVars, append: HistoryRecord | None,
+             warn: Callable[[str], None] | None = None,
              ) -> tuple[int | None, list[HistoryRecord]]:
     path = host_path(host.service)
     reply = call(transport, host, "history",
@@ -203,6 +279,9 @@ def _history(transport: Transport, host: HostVars, append: HistoryRecord | None
     if reply.get("error"):
         raise HostError(transport.name, f"history {path}: {reply['error']}",
                         fix="deploy as root, or set sudo: true")
-    records, _bad = parse_lines(str(reply.get("text") or ""))
+    records, warnings = read_lines(str(reply.get("text") or ""), f"{transport.name}:{path}")
+    if warn is not None:
+        for line in warnings:
+            warn(line)
     cores = reply.get("cores")
     return (int(cores) if isinstance(cores, int) and cores > 0 else None), records

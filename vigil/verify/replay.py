@@ -239,7 +239,7 @@ def _open_checked(p: Path) -> None:
                           "-o short-iso > start.log")
 
 
-def stream(path: str | Path) -> tuple[str, Iterator[Snapshot]]:
+def stream(path: str | Path) -> tuple[str, Iterable[Snapshot]]:
     """Detect the input kind and stream its snapshots: (kind, snapshots). Memory stays
     bounded whatever the file's size."""
     p = Path(path)
@@ -260,22 +260,51 @@ def stream(path: str | Path) -> tuple[str, Iterator[Snapshot]]:
         except (ValueError, RecursionError):
             obj = None
     if isinstance(obj, dict) and "time" in obj:
-        return "trace", _trace(p, file)
+        return "trace", Trace(p, file)
     if isinstance(obj, dict) and "MESSAGE" in obj:
         return "journal-json", snapshots_from_journal_json(_records(p, file), file=file)
     return "log", snapshots_from_log(_lines(p))
 
 
-def _trace(p: Path, file: str) -> Iterator[Snapshot]:
-    for n, ln in enumerate(_lines(p), 1):
-        if not ln.strip():
-            continue
-        try:
-            snap = Snapshot.from_json(ln)
-        except (ValueError, RecursionError) as exc:
-            raise ConfigError(str(exc)[:300], file=file, key=f"line {n}",
-                              fix="a trace has one snapshot JSON object per line") from None
-        yield _check_snapshot(snap, n, file)
+class Trace:
+    """A trace's snapshots, streamed, in the order of their time: a snapshot whose time is
+    before the one kept last (a clock stepped back, an edited or spliced file) would make
+    phases of negative length and a "ready" out of them, so it is ignored, and
+    ``ignored`` says so in one line naming the file, how many and the first of them."""
+
+    def __init__(self, p: Path, file: str) -> None:
+        self.p, self.file = p, file
+        self.ignored: list[str] = []
+
+    def __iter__(self) -> Iterator[Snapshot]:
+        last: tuple[int, float] | None = None  # (line, time) of the snapshot kept last
+        first: tuple[int, float, int] | None = None  # the first ignored: line, by, before
+        skipped = 0
+        for n, ln in enumerate(_lines(self.p), 1):
+            if not ln.strip():
+                continue
+            try:
+                snap = Snapshot.from_json(ln)
+            except (ValueError, RecursionError) as exc:
+                raise ConfigError(str(exc)[:300], file=self.file, key=f"line {n}",
+                                  fix="a trace has one snapshot JSON object per line"
+                                  ) from None
+            _check_snapshot(snap, n, self.file)
+            if last is not None and snap.time < last[1]:
+                skipped += 1
+                first = first or (n, last[1] - snap.time, last[0])
+                self.ignored = [
+                    f"{self.file}: {skipped} snapshot{'s' if skipped > 1 else ''} whose time "
+                    f"runs backwards ignored (the first: line {first[0]}, {first[1]:.1f} s "
+                    f"before line {first[2]})"]
+                continue
+            last = (n, snap.time)
+            yield snap
+
+
+def ignored(snapshots: Iterable[Snapshot]) -> list[str]:
+    """What reading the input left out, one line each (a trace's backward snapshots)."""
+    return list(snapshots.ignored) if isinstance(snapshots, Trace) else []
 
 
 def _records(p: Path, file: str) -> Iterator[dict[str, Any]]:
@@ -322,6 +351,7 @@ def replay(
     out: dict[str, Any] = dict(reducer.report(state))
     out["source"] = kind
     out["snapshots"] = counted.n
+    out["ignored"] = ignored(snapshots)
     if log_only and state.verdict == "ready":
         out["note"] = ("replayed from a plain log: ready means serving evidence (requests "
                        "answered, throughput lines, `Application startup complete.`) with "

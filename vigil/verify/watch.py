@@ -322,7 +322,7 @@ def _verify_on(t: Target, transport: Transport, settings: Settings, state_dir: P
                clock: Clock, sleep: Sleep) -> None:
     try:
         mirror = history.Mirror(state_dir / "history.sqlite")
-        cores, host_records = history.read_host(transport, t.vars)
+        cores, host_records = history.read_host(transport, t.vars, warn=note)
         added = mirror.add(host_records)
         if added:
             note(f"history: {added} record(s) from the host merged into the local mirror")
@@ -356,6 +356,8 @@ def _verify_on(t: Target, transport: Transport, settings: Settings, state_dir: P
         budgets = with_stall(plan.budgets, settings.stall_s)
         plan = replace(plan, budgets=budgets)
         out.plan, out.key = plan, key
+        for line in mirror.warnings:  # rows an older vigil merged, each ignored
+            note(line)
         note(f"budgets: {plan.level} ({plan.n_samples} past starts), {key.cache} cache")
         stalls = stall_note(budgets)
         if stalls:
