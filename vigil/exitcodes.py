@@ -18,6 +18,13 @@ class ExitCode(IntEnum):
     ROLLOUT_STOPPED = 7  # deploy --serial: past the failure budget; later batches untouched
 
 
+# A watch's verdict as the task's exit code (verify, replay, deploy's watch); a verdict
+# not here (slow, none yet) is not an end of its own.
+VERDICT_EXIT: Mapping[str, ExitCode] = {
+    "ready": ExitCode.OK, "crashed": ExitCode.CRASHED, "stalled": ExitCode.STALLED,
+    "timed_out": ExitCode.TIMED_OUT, "stopped": ExitCode.STOPPED}
+
+
 # What each code means to the person who ran the task (the reference page's table).
 MEANING: Mapping[ExitCode, str] = {
     ExitCode.OK: "deploy: every host `ok` or `changed`; verify: ready",
@@ -25,10 +32,11 @@ MEANING: Mapping[ExitCode, str] = {
     ExitCode.BAD_INPUT: "bad input (inventory, profile, stack, template, flag or config) or a "
     "refusal (preflight's facts make the deploy impossible); nothing was touched — in every "
     "task",
-    ExitCode.CRASHED: "verify: crashed",
-    ExitCode.STALLED: "verify: stalled",
-    ExitCode.TIMED_OUT: "verify: timed out",
-    ExitCode.STOPPED: "verify: stopped (the unit was stopped or restarted by someone else)",
+    ExitCode.CRASHED: "verify (and replay, of a recorded start): crashed",
+    ExitCode.STALLED: "verify (and replay): stalled",
+    ExitCode.TIMED_OUT: "verify (and replay): timed out",
+    ExitCode.STOPPED: "verify (and replay): stopped (the unit was stopped or restarted by "
+    "someone else)",
     ExitCode.ROLLOUT_STOPPED: "deploy `--serial`/`--max-fail`: the rollout stopped past the "
     "failure budget; later hosts untouched",
 }

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json as json_mod
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TextIO, TypeVar
 
 from invoke.context import Context
 from invoke.exceptions import Exit
@@ -20,7 +21,7 @@ from vigil.desired import inventory
 from vigil.desired.render import TEMPLATES
 from vigil.errors import ConfigError, InternalError, VigilError
 from vigil.exitcodes import ExitCode
-from vigil.report import echo
+from vigil.report import echo, write_json
 from vigil.tasks import project
 from vigil.verify.watch import Settings
 
@@ -62,6 +63,15 @@ class VigilTask(Task[Any]):
             opts["names"] = [opts["names"][0], SHORT_FLAGS[name]]
         return opts
 
+    def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Any]:
+        # Invoke pops each flag's help as it reads it: a second look (the docs generator
+        # after a test, --help after a parse) would find none
+        kept = dict(self.help)
+        try:
+            return super().get_arguments(ignore_unknown_help)
+        finally:
+            self.help = kept
+
 
 Body = Callable[..., None]
 
@@ -69,8 +79,11 @@ Body = Callable[..., None]
 def vigil_task(*, inventory: bool = True, **kwargs: Any) -> Callable[[Body], Task[Any]]:
     """``@task`` for vigil's tasks: adds ``-i/--inventory`` to the task's flags (unless
     ``inventory=False``: a task that reads none); a given inventory replaces the
-    configured one for this run."""
+    configured one for this run. A task's ``--json`` takes an optional value (bare: the
+    JSON on stdout; with a value: that file; see ``emit_json``)."""
     def decorate(body: Body) -> Task[Any]:
+        if "json" in inspect.signature(body).parameters:
+            kwargs["optional"] = [*kwargs.get("optional", ()), "json"]
         if not inventory:
             return VigilTask(body, **kwargs)
         sig = inspect.signature(body)
@@ -109,6 +122,31 @@ def setting(c: Context, key: str) -> Path:
 def out_path(c: Context, value: str) -> Path:
     """Where a report flag (--json, --junit, --html, --out) writes: relative to the root."""
     return project_of(c).path(value)
+
+
+# --json on every task that reports: bare (last, or before another flag) the JSON is all
+# that stdout gets, and the task's text goes to stderr; with a value, that file.
+JsonFlag = str | bool | None
+
+
+def json_help(what: str) -> str:
+    return (f"write {what} as JSON to this file; a bare --json (last, or before another "
+            "flag) prints it on stdout instead, and the text on stderr")
+
+
+def text_stream(json: JsonFlag) -> TextIO:
+    """Where a task prints its text: stderr when its JSON has stdout (a bare --json)."""
+    return sys.stderr if json is True else sys.stdout
+
+
+def emit_json(c: Context, json: JsonFlag, payload: Any) -> None:
+    """A task's --json: nothing (not given), stdout (bare) or the named file (relative to
+    the project root, written whole or not at all)."""
+    if json is True:
+        # ASCII-only (json's escapes), so nothing for echo's cleaning to change
+        echo(json_mod.dumps(payload, indent=2, default=str))
+    elif json:
+        write_json(str(out_path(c, json)), payload)
 
 
 def roles_dirs(c: Context) -> list[Path]:
@@ -155,14 +193,20 @@ def watch_settings(c: Context, poll: float | None = None,
                     stream=mode == "stream")
 
 
-def exit_with(codes: Iterable[int]) -> None:
-    """End the task with the most important of its hosts' exit codes (none: 0)."""
+def worst_code(codes: Iterable[int]) -> int:
+    """The most important of the hosts' exit codes (SEVERITY; none: 0)."""
     found = {int(c) for c in codes if c}
     for code in SEVERITY:
         if code in found:
-            raise Exit(code=int(code))
-    if found:
-        raise Exit(code=max(found))
+            return int(code)
+    return max(found, default=0)
+
+
+def exit_with(codes: Iterable[int]) -> None:
+    """End the task with the most important of its hosts' exit codes (none: 0)."""
+    code = worst_code(codes)
+    if code:
+        raise Exit(code=code)
 
 
 def load_inventory(c: Context) -> inventory.Inventory:

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+from typing import TextIO
+
 from invoke.context import Context
 
 from vigil.deploy import apply as deploy_mod
@@ -12,21 +15,26 @@ from vigil.desired import targets as targets_mod
 from vigil.desired.config import HostVars
 from vigil.errors import ConfigError
 from vigil.exitcodes import ExitCode
-from vigil.report import Log, echo, results_json, summary_table, write_json
+from vigil.report import Log, echo, results_json, summary_table
 from vigil.tasks import pipeline
 from vigil.tasks.common import (
     CHANGING_HOSTS_HELP,
     HOSTS_HELP,
     SET_HELP,
+    JsonFlag,
+    emit_json,
     exit_with,
     hosts_given,
+    json_help,
     load_inventory,
     out_path,
     setting,
     template_dirs,
+    text_stream,
     user_errors,
     vigil_task,
     watch_settings,
+    worst_code,
 )
 from vigil.transport.ssh import Transport
 
@@ -39,7 +47,7 @@ from vigil.transport.ssh import Transport
         "restart": "restart even when nothing changed",
         "stack": "runtime stack (inventory/stacks/NAME.yml); default: the host's `stack`",
         "set": SET_HELP,
-        "json": "write the per-host summary as JSON to this file",
+        "json": json_help("the per-host summary"),
         "no_wait": "do not wait until the service serves",
         "reinstall": "build a fresh environment beside the current one; switch only if it "
         "passes verification",
@@ -67,7 +75,7 @@ def deploy(
     restart: bool = False,
     stack: str | None = None,
     set_: list[str] | None = None,
-    json: str | None = None,
+    json: JsonFlag = None,
     no_wait: bool = False,
     reinstall: bool = False,
     kill_stale: bool = False,
@@ -93,7 +101,8 @@ def deploy(
             load_inventory(c), hosts_given(hosts, "deploy"), model=model, stack=stack,
             sets=set_ or [], template_dir=template_dirs(c),
         )
-        log = Log(width=max(len(t.name) for t in targets))
+        out = text_stream(json)
+        log = Log(out, width=max(len(t.name) for t in targets))
         opts = deploy_mod.Options(check=check, restart=restart, wait=not no_wait,
                                   reinstall=reinstall, kill_stale=kill_stale,
                                   watch=watch_settings(c), state_dir=setting(c, "state_dir"),
@@ -102,10 +111,10 @@ def deploy(
         if serial is not None or max_fail or rollback_failed or junit or html:
             ro = rollout.run(targets, opts, log, serial=serial, max_fail=max_fail,
                              rollback_failed=rollback_failed)
-            echo(rollout.summary(ro))
-            pipeline.report("deploy", pipeline.deploy_rows([*ro.results, *ro.rolled_back]))
-            if json:
-                write_json(str(out_path(c, json)), rollout.rollout_json(ro))
+            echo(rollout.summary(ro), file=out)
+            pipeline.report("deploy", pipeline.deploy_rows([*ro.results, *ro.rolled_back]),
+                            stream=out)
+            emit_json(c, json, rollout.rollout_json(ro))
             if junit:
                 rollout.write_junit(str(out_path(c, junit)), ro)
             if html:
@@ -115,12 +124,12 @@ def deploy(
             exit_with([ro.exit_code])
             return
         results = deploy_mod.deploy(targets, opts, log)
-        echo(summary_table(results))
-        pipeline.report("deploy", pipeline.deploy_rows(results))
-        if json:
-            write_json(str(out_path(c, json)), results_json(results))
-    exit_with([r.exit_code or (ExitCode.FAILED if r.status == "failed" else 0)
-               for r in results])
+        echo(summary_table(results), file=out)
+        pipeline.report("deploy", pipeline.deploy_rows(results), stream=out)
+        codes = [r.exit_code or (ExitCode.FAILED if r.status == "failed" else 0)
+                 for r in results]
+        emit_json(c, json, {**results_json(results), "exit_code": worst_code(codes)})
+    exit_with(codes)
 
 
 @vigil_task(
@@ -153,21 +162,30 @@ def render(
             echo("\n".join(review.variables(t)) + "\n")
 
 
-def _report(runs: list[service.HostRun[str]], width: int | None = None) -> None:
+def _report(runs: list[service.HostRun[str]], width: int | None = None,
+            stream: TextIO | None = None) -> None:
     width = width or max(len(r.host) for r in runs)
     for r in runs:
         text = r.value if r.error is None else f"unreachable  {str(r.error).splitlines()[0]}"
-        echo(f"{r.host:<{width}}  {text}")
+        echo(f"{r.host:<{width}}  {text}", file=stream)
 
 
-@vigil_task(help={"hosts": HOSTS_HELP})
-def status(c: Context, hosts: str = "all") -> None:
+@vigil_task(help={"hosts": HOSTS_HELP,
+                  "json": json_help("each host's unit state, PID, uptime, port, model and "
+                                    "/health")})
+def status(c: Context, hosts: str = "all", json: JsonFlag = None) -> None:
     """Unit state, main PID, uptime, model, port and /health of each host."""
     with user_errors():
         runs = service.on_hosts(load_inventory(c), hosts,
-                                lambda name, hv, t: service.status(t, hv).line())
-    _report(runs)
-    exit_with([int(r.error.exit_code) for r in runs if r.error is not None])
+                                lambda name, hv, t: service.status(t, hv))
+    codes = [int(r.error.exit_code) for r in runs if r.error is not None]
+    _report([service.HostRun(r.host, r.value.line() if r.value is not None else None,
+                             r.error) for r in runs], stream=text_stream(json))
+    code = worst_code(codes)
+    emit_json(c, json, {"ok": code == 0, "exit_code": code, "hosts": {
+        r.host: {**(asdict(r.value) if r.value is not None else {}),
+                 "error": None if r.error is None else str(r.error)} for r in runs}})
+    exit_with(codes)
 
 
 @vigil_task(help={"hosts": HOSTS_HELP, "follow": "keep printing new lines", "lines": "how many"})

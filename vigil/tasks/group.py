@@ -21,7 +21,7 @@ from vigil.deploy.group import (
 from vigil.desired import review
 from vigil.desired.groups import NodeGroup, resolve_group
 from vigil.desired.render import SMOKE_SECRETS, Secrets
-from vigil.exitcodes import ExitCode
+from vigil.exitcodes import VERDICT_EXIT, ExitCode
 from vigil.report import Log, echo
 from vigil.tasks.common import (
     SET_HELP,
@@ -36,7 +36,7 @@ from vigil.tasks.common import (
 )
 from vigil.transport.ssh import connect
 from vigil.verify.group import GroupState, verify_group
-from vigil.verify.watch import VERDICT_EXIT, Settings
+from vigil.verify.watch import Settings
 
 NAME_HELP = "node group (inventory/node_groups/NAME.yml)"
 

@@ -7,8 +7,10 @@ stdout, JUnit with --junit).
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TextIO
 
 from vigil.report import HostResult, safe_text
 from vigil.verify.watch import Outcome
@@ -61,15 +63,18 @@ def _property(text: str) -> str:
     return _message(text).replace(":", "%3A").replace(",", "%2C")
 
 
-def report(task: str, rows: list[Row], environ: Mapping[str, str] | None = None) -> str:
-    """Annotate and summarise for the pipeline the run is in; returns what it printed."""
+def report(task: str, rows: list[Row], environ: Mapping[str, str] | None = None,
+           stream: TextIO | None = None) -> str:
+    """Annotate and summarise for the pipeline the run is in; returns what it printed
+    (to ``stream``, stdout by default: the runner reads workflow commands on stderr too,
+    where a task prints its text while its JSON has stdout)."""
     env = os.environ if environ is None else environ
     if env.get("GITHUB_ACTIONS") != "true":
         return ""
     printed = [f"::error title={_property(f'vigil {task}: {r.host}')}::"
                f"{_message(f'{r.host} {r.result}: {r.detail}')}" for r in rows if r.failed]
     if printed:
-        print("\n".join(printed), flush=True)
+        print("\n".join(printed), file=stream or sys.stdout, flush=True)
     summary = env.get("GITHUB_STEP_SUMMARY")
     if summary:
         failed = sum(r.failed for r in rows)

@@ -5,7 +5,7 @@ stack rule engine. Registered in tasks.py."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +29,13 @@ from vigil.exitcodes import ExitCode
 from vigil.report import echo
 from vigil.tasks.common import (
     HOSTS_HELP,
+    JsonFlag,
+    emit_json,
+    json_help,
     load_inventory,
     parallel,
     template_dirs,
+    text_stream,
     user_errors,
     vigil_task,
 )
@@ -100,9 +104,10 @@ def drift(inv: inventory_mod.Inventory, name: str, stack: str | None,
     "hosts": HOSTS_HELP,
     "stack": "compare with this stack (inventory/stacks/NAME.yml); default: the host's",
     "no_pip_check": "skip `pip check` in the environment",
+    "json": json_help("each host's environment and its differences from the stack"),
 })
 def check(c: Context, hosts: str = "all", stack: str | None = None,
-          no_pip_check: bool = False) -> None:
+          no_pip_check: bool = False, json: JsonFlag = None) -> None:
     """Drift report: the running environment against its stack's pins and rules."""
     with user_errors():
         inv = load_inventory(c)
@@ -115,20 +120,28 @@ def check(c: Context, hosts: str = "all", stack: str | None = None,
         results[n] = drift(inv, n, stack, pip_check=not no_pip_check)
 
     parallel(names, work)
+    out = text_stream(json)
     width = max(len(n) for n in names)
     for n in names:
         d = results[n]
         head = f"{n:<{width}}  {d.stack:<24} {d.seconds:6.2f} s  "
         if d.error:
-            echo(head + f"unreachable: {d.error.splitlines()[0]}")
+            echo(head + f"unreachable: {d.error.splitlines()[0]}", file=out)
         elif d.ok:
-            echo(head + f"ok  {d.current}")
+            echo(head + f"ok  {d.current}", file=out)
         else:
-            echo(head + f"DRIFT  {d.current}")
+            echo(head + f"DRIFT  {d.current}", file=out)
             for p in d.problems:
-                echo(f"{'':<{width}}    {p}")
-    if not all(d.ok for d in results.values()):
-        raise Exit(code=int(ExitCode.FAILED))
+                echo(f"{'':<{width}}    {p}", file=out)
+    code = 0 if all(d.ok for d in results.values()) else int(ExitCode.FAILED)
+    emit_json(c, json, {"ok": code == 0, "exit_code": code, "hosts": {
+        n: {"result": _drift_word(results[n]), **asdict(results[n])} for n in names}})
+    if code:
+        raise Exit(code=code)
+
+
+def _drift_word(d: Drift) -> str:
+    return "unreachable" if d.error else "ok" if d.ok else "DRIFT"
 
 
 # -- preflight ------------------------------------------------------------------------
@@ -181,17 +194,21 @@ def _facts_lines(t: targets_mod.Target, facts: Any) -> list[str]:
     "stack": "runtime stack; default: the host's `stack`",
     "set": "KEY=VALUE override (repeatable)",
     "kill_stale": "judge as deploy --kill-stale would (stale GPU holders are not refused)",
+    "json": json_help("each host's GO / NO-GO, facts and refusals"),
 }, iterable=["set_"])
 def preflight(c: Context, model: str | None = None, hosts: str = "all",
               stack: str | None = None, set_: list[str] | None = None,
-              kill_stale: bool = False) -> None:
+              kill_stale: bool = False, json: JsonFlag = None) -> None:
     """Facts and go/no-go for a deploy; changes nothing."""
+    out = text_stream(json)
     try:
         targets = targets_mod.resolve(load_inventory(c), hosts, model=model, stack=stack,
                                      sets=set_ or [], require_secrets=False,
                                      template_dir=template_dirs(c))
     except VigilError as exc:
-        echo(f"NO-GO  {exc}")
+        echo(f"NO-GO  {exc}", file=out)
+        emit_json(c, json, {"ok": False, "exit_code": int(exc.exit_code), "error": str(exc),
+                            "hosts": {}})
         raise Exit(code=int(exc.exit_code)) from None
     reports: dict[str, tuple[list[str], list[VigilError], str | None]] = {}
 
@@ -209,19 +226,25 @@ def preflight(c: Context, model: str | None = None, hosts: str = "all",
 
     parallel([t.name for t in targets], work)
     code = 0
+    hosts_json: dict[str, Any] = {}
     for t in targets:
         lines, found, error = reports[t.name]
+        word = "UNREACHABLE" if error else "NO-GO" if found else "GO"
+        hosts_json[t.name] = {
+            "result": word, "profile": t.profile.name, "stack": t.stack.name,
+            "facts": lines, "error": error,
+            "refusals": [{"message": str(r), "exit_code": int(r.exit_code)} for r in found]}
         if error:
-            echo(f"{t.name}: UNREACHABLE  {error}")
+            echo(f"{t.name}: UNREACHABLE  {error}", file=out)
             code = max(code, int(ExitCode.FAILED))
             continue
-        echo(f"{t.name}: {'GO' if not found else 'NO-GO'}  ({t.profile.name} on "
-              f"{t.stack.name})")
+        echo(f"{t.name}: {word}  ({t.profile.name} on {t.stack.name})", file=out)
         for line in lines:
-            echo(f"  {line}")
+            echo(f"  {line}", file=out)
         for refusal in found:
-            echo("  refused: " + str(refusal).replace("\n", "\n    "))
+            echo("  refused: " + str(refusal).replace("\n", "\n    "), file=out)
             code = max(code, int(refusal.exit_code))
+    emit_json(c, json, {"ok": code == 0, "exit_code": code, "hosts": hosts_json})
     if code:
         raise Exit(code=code)
 

@@ -3,23 +3,28 @@ flags, makes one library call and reports."""
 
 from __future__ import annotations
 
-import json as json_mod
 import sys
+from pathlib import Path
+from typing import Any, TextIO
 
 from invoke.context import Context
 
 from vigil.desired import targets as targets_mod
 from vigil.desired.render import SMOKE_SECRETS
-from vigil.report import echo, write_json
+from vigil.report import echo
 from vigil.tasks import pipeline
 from vigil.tasks.common import (
     HOSTS_HELP,
     SET_HELP,
+    JsonFlag,
+    emit_json,
     exit_with,
+    json_help,
     load_inventory,
     out_path,
     setting,
     template_dirs,
+    text_stream,
     user_errors,
     vigil_task,
     watch_settings,
@@ -37,7 +42,7 @@ from vigil.verify import watch
         "model": "model profile; default: the host's `model`",
         "stack": "runtime stack; default: the host's `stack` (as deploy)",
         "set": SET_HELP + " (as deploy: verify what was deployed)",
-        "json": "write verdicts, phases, budgets, evidence and smoke as JSON to this file",
+        "json": json_help("verdicts, phases, budgets, evidence and smoke"),
         "junit": "write a JUnit XML report (one test case per host) to this file",
         "html": "write one self-contained HTML page (phases, evidence, verdict) to this file",
         "poll": "seconds between polls (default: vigil.poll_s, else each host's poll_s, 5)",
@@ -53,7 +58,7 @@ def verify(
     model: str | None = None,
     stack: str | None = None,
     set_: list[str] | None = None,
-    json: str | None = None,
+    json: JsonFlag = None,
     junit: str | None = None,
     html: str | None = None,
     poll: float | None = None,
@@ -68,14 +73,14 @@ def verify(
         targets = targets_mod.resolve(load_inventory(c), hosts, model=model, stack=stack,
                                      sets=set_ or [], template_dir=template_dirs(c),
                                      require_secrets=SMOKE_SECRETS)
-        with verify_report.Reporter() as rep:
+        out = text_stream(json)
+        with verify_report.Reporter(out) as rep:
             outcomes = watch.verify_all(targets, settings, setting(c, "state_dir"),
                                         on_poll=rep.poll, on_note=rep.note)
         code = watch.worst_exit(outcomes)
-        echo(verify_report.summary(outcomes))
-        pipeline.report("verify", pipeline.verify_rows(outcomes))
-        if json:
-            write_json(str(out_path(c, json)), verify_report.run_json(outcomes, code))
+        echo(verify_report.summary(outcomes), file=out)
+        pipeline.report("verify", pipeline.verify_rows(outcomes), stream=out)
+        emit_json(c, json, verify_report.run_json(outcomes, code))
         if junit:
             verify_report.write_junit(str(out_path(c, junit)), outcomes)
         if html:
@@ -86,9 +91,10 @@ def verify(
 @vigil_task(help={"model": "only this model profile",
                   "hosts": HOSTS_HELP + " (default: every host)",
                   "html": "also write phase durations over past starts (cold vs warm) as "
-                  "one self-contained HTML page to this file"})
+                  "one self-contained HTML page to this file",
+                  "json": json_help("the past starts (key, verdict, phase durations)")})
 def history(c: Context, model: str | None = None, hosts: str | None = None,
-            html: str | None = None) -> None:
+            html: str | None = None, json: JsonFlag = None) -> None:
     """Past starts from the local mirror: phase durations, verdicts, cold/warm."""
     with user_errors():
         names = load_inventory(c).select(hosts) if hosts else None
@@ -96,27 +102,42 @@ def history(c: Context, model: str | None = None, hosts: str | None = None,
         records = mirror.records(model=model, hosts=names)
         for line in mirror.warnings:  # rows an older vigil merged, each ignored
             echo(f"warning: {line}", file=sys.stderr)
-        echo(verify_report.history_table(records))
+        echo(verify_report.history_table(records), file=text_stream(json))
         if html:
             verify_html.write(str(out_path(c, html)), verify_html.history_page(records))
+        emit_json(c, json, {"ok": True, "exit_code": 0,
+                            "records": [r.to_dict() for r in records]})
 
 
-@vigil_task(help={"json": "print the result as JSON"}, positional=["file"], inventory=False)
-def replay(c: Context, file: str, json: bool = False) -> None:
-    """Re-run the watcher on a recorded trace or a vLLM log: phases and verdict."""
+@vigil_task(help={
+    "json": json_help("the phases and verdict") + " (`replay FILE --json`: put FILE first)",
+    "html": "write the picture of the start (phases, evidence, verdict) as one "
+            "self-contained HTML page to this file",
+}, positional=["file"], inventory=False)
+def replay(c: Context, file: str, json: JsonFlag = None, html: str | None = None) -> None:
+    """Re-run the watcher on a recorded trace or a vLLM log: phases and verdict; exits
+    with the verdict's code as verify does (crashed 3, stalled 4, ...)."""
     with user_errors():
-        out = replay_mod.replay_file(file)
+        got = replay_mod.replay_run(file, keep=bool(html))
+        out = got.report
         for line in out["ignored"]:  # what the input held that cannot be replayed
             echo(f"warning: {line}", file=sys.stderr)
-    if json:
-        echo(json_mod.dumps(out, indent=2))
-        return
+        if html:
+            verify_html.write(str(out_path(c, html)), verify_html.start_page(
+                [verify_html.Start(host=Path(file).name, snapshots=got.snapshots,
+                                   state=got.state)], title=f"vigil replay {file}"))
+        _replay_text(out, text_stream(json))
+        emit_json(c, json, out)
+    exit_with([out["exit_code"]])
+
+
+def _replay_text(out: dict[str, Any], stream: TextIO) -> None:
     for ph in out["phases"]:
-        echo(f"{ph['name']:<18} {ph['duration_s']:>9.1f} s")
+        echo(f"{ph['name']:<18} {ph['duration_s']:>9.1f} s", file=stream)
     line = f"verdict: {out['verdict'] or 'none'}"
     if out.get("cause"):
         line += f" ({out['cause']})"
-    echo(line)
+    echo(line, file=stream)
     for key in ("proof", "remedy", "evidence", "note"):
         if out.get(key):
-            echo(f"{key}: {out[key]}")
+            echo(f"{key}: {out[key]}", file=stream)

@@ -19,11 +19,14 @@ import json
 import math
 import re
 import stat
+import time
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vigil.errors import ConfigError
+from vigil.exitcodes import VERDICT_EXIT, ExitCode
 from vigil.verify import reducer
 from vigil.verify.budgets import Budgets
 from vigil.verify.snapshot import Journal, LogLine, Snapshot
@@ -50,7 +53,49 @@ _VLLM = re.compile(
     r"(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)"
 )
 
-DEFAULT_YEAR = 2000  # logs carry no year; durations are all that matter (leap year: Feb 29)
+HALF_YEAR_S = 183 * 86400.0
+SLACK_S = 86400.0  # a host's local time may run up to 14 h ahead of UTC
+
+
+class Years:
+    """The year of each stamp without one (journalctl's short format, vLLM's own stamp)
+    of one log, so its times are real epochs (never the year 2000) and its durations
+    right: the first such stamp takes the latest year in which it is not in the future
+    (a Feb 29 the latest leap year), as a syslog reader does; when the stamps then go
+    back by more than half a year (Dec 31 → Jan 01) the year steps on. ``year`` fixes
+    the first stamp's year instead."""
+
+    def __init__(self, now: float | None = None, year: int | None = None) -> None:
+        self.now = time.time() if now is None else now
+        self.year = year
+        self.last: float | None = None
+
+    def _first(self, month: int, day: int, h: int, m: int, s: int) -> int:
+        year = time.gmtime(self.now).tm_year
+        for _ in range(8):
+            if (month, day) == (2, 29) and not calendar.isleap(year):
+                year -= 1
+                continue
+            t = _epoch(year, month, day, h, m, s, None)
+            if t < 0 or t <= self.now + SLACK_S:
+                break
+            year -= 1
+        return year
+
+    def epoch(self, month: int, day: int, h: int, m: int, s: int,
+              frac: str | None) -> float:
+        """Epoch seconds of one yearless stamp, in the log's order; -1 if none."""
+        if not 1 <= month <= 12:
+            return -1.0
+        if self.year is None:
+            self.year = self._first(month, day, h, m, s)
+        t = _epoch(self.year, month, day, h, m, s, frac)
+        if t >= 0 and self.last is not None and t < self.last - HALF_YEAR_S:
+            self.year += 1  # the log went on past a new year
+            t = _epoch(self.year, month, day, h, m, s, frac)
+        if t >= 0:
+            self.last = t if self.last is None else max(self.last, t)
+        return t
 
 
 def _epoch(year: int, month: int, day: int, h: int, m: int, s: int, frac: str | None) -> float:
@@ -61,8 +106,12 @@ def _epoch(year: int, month: int, day: int, h: int, m: int, s: int, frac: str | 
     return base + (float(f"0.{frac}") if frac else 0.0)
 
 
-def split_log_line(raw: str, *, year: int = DEFAULT_YEAR) -> tuple[float | None, str]:
-    """(epoch seconds or None, text without any journal prefix)."""
+def split_log_line(raw: str, *, year: int | None = None,
+                   years: Years | None = None) -> tuple[float | None, str]:
+    """(epoch seconds or None, text without any journal prefix). A stamp without a year
+    takes it from ``years`` (one per log, see Years), else ``year``, else this year's
+    rule."""
+    yearless = years or Years(year=year)
     m = _ISO.match(raw)
     if m:
         t = _epoch(int(m["y"]), int(m["mo"]), int(m["day"]), int(m["h"]), int(m["m"]),
@@ -70,8 +119,8 @@ def split_log_line(raw: str, *, year: int = DEFAULT_YEAR) -> tuple[float | None,
         return (t if t >= 0 else None), raw[m.end():]
     m = _SHORT.match(raw)
     if m and m["mon"] in _MONTHS:
-        t = _epoch(year, _MONTHS[m["mon"]], int(m["day"]), int(m["h"]), int(m["m"]),
-                   int(m["s"]), m["frac"])
+        t = yearless.epoch(_MONTHS[m["mon"]], int(m["day"]), int(m["h"]), int(m["m"]),
+                           int(m["s"]), m["frac"])
         return (t if t >= 0 else None), raw[m.end():]
     if m is None or m["mon"] not in _MONTHS:
         loc = _SHORT_LOCALE.match(raw)
@@ -79,8 +128,8 @@ def split_log_line(raw: str, *, year: int = DEFAULT_YEAR) -> tuple[float | None,
             raw = raw[loc.end():]
     v = _VLLM.search(raw)
     if v:
-        t = _epoch(year, int(v["mo"]), int(v["day"]), int(v["h"]), int(v["m"]), int(v["s"]),
-                   None)
+        t = yearless.epoch(int(v["mo"]), int(v["day"]), int(v["h"]), int(v["m"]),
+                           int(v["s"]), None)
         return (t if t >= 0 else None), raw
     return None, raw
 
@@ -120,9 +169,12 @@ def _lines(path: Path) -> Iterator[str]:
             yield buf[:MAX_LINE]
 
 
-def snapshots_from_log(lines: Iterable[str], *, year: int = DEFAULT_YEAR) -> Iterator[Snapshot]:
+def snapshots_from_log(lines: Iterable[str], *, year: int | None = None,
+                       now: float | None = None) -> Iterator[Snapshot]:
     """One snapshot per distinct second of the log (streamed); lines without a stamp
-    (tracebacks, tqdm, uvicorn) take the time of the line before them."""
+    (tracebacks, tqdm, uvicorn) take the time of the line before them. Stamps without a
+    year are placed by one Years for the whole log (``now``: the clock it judges by)."""
+    years = Years(now, year)
     cur_t: float | None = None
     cur: list[LogLine] = []
     last: float | None = None
@@ -131,7 +183,7 @@ def snapshots_from_log(lines: Iterable[str], *, year: int = DEFAULT_YEAR) -> Ite
         raw = raw.rstrip("\n")
         if not raw.strip():
             continue
-        t, text = split_log_line(raw, year=year)
+        t, text = split_log_line(raw, years=years)
         if t is not None:
             t = float(int(t))
             last = t if last is None else max(last, t)  # never backwards
@@ -338,12 +390,29 @@ def run(
     return state
 
 
-def replay(
-    snapshots: Iterable[Snapshot], budgets: Budgets | None = None, *, kind: str = "trace",
-    file: str | None = None,
-) -> dict[str, Any]:
+@dataclass
+class Replayed:
+    """One replay: its report (what --json prints), the final state, and the snapshots
+    when asked to keep them (for the HTML picture)."""
+
+    kind: str
+    state: reducer.WatchState
+    report: dict[str, Any]
+    snapshots: list[Snapshot] = field(default_factory=list)
+
+
+def replay_run(
+    snapshots: Iterable[Snapshot] | str | Path, budgets: Budgets | None = None, *,
+    kind: str = "trace", file: str | None = None, keep: bool = False,
+) -> Replayed:
+    """Replay snapshots, or the file a path names (its kind detected); ``keep`` also
+    keeps the snapshots (memory then grows with the input)."""
+    if isinstance(snapshots, (str, Path)):
+        file = str(snapshots)
+        kind, snapshots = stream(snapshots)
     log_only = kind != "trace"
-    counted = _Counted(snapshots)
+    kept: list[Snapshot] = []
+    counted = _Counted(snapshots, kept if keep else None)
     state = run(counted, budgets, log_only=log_only)
     if counted.n == 0:
         raise ConfigError("no log lines in the file", file=file,
@@ -352,6 +421,8 @@ def replay(
     out["source"] = kind
     out["snapshots"] = counted.n
     out["ignored"] = ignored(snapshots)
+    # the exit code verify would end with (a verdict not final yet, or none: 0)
+    out["exit_code"] = int(VERDICT_EXIT.get(state.verdict or "", ExitCode.OK))
     if log_only and state.verdict == "ready":
         out["note"] = ("replayed from a plain log: ready means serving evidence (requests "
                        "answered, throughput lines, `Application startup complete.`) with "
@@ -361,26 +432,35 @@ def replay(
         out["note"] = (f"the input ends in phase {state.phase} without a final verdict"
                        + ("; /health was 200 but no completion was recorded"
                           if state.health_ok else ""))
-    return out
+    return Replayed(kind, state, out, kept)
+
+
+def replay(
+    snapshots: Iterable[Snapshot], budgets: Budgets | None = None, *, kind: str = "trace",
+    file: str | None = None,
+) -> dict[str, Any]:
+    return replay_run(snapshots, budgets, kind=kind, file=file).report
 
 
 class _Counted:
-    """Counts the snapshots that stream through, without keeping them."""
+    """Counts the snapshots that stream through, keeping them only into ``kept``."""
 
-    def __init__(self, items: Iterable[Snapshot]) -> None:
+    def __init__(self, items: Iterable[Snapshot], kept: list[Snapshot] | None = None) -> None:
         self.items = items
+        self.kept = kept
         self.n = 0
 
     def __iter__(self) -> Iterator[Snapshot]:
         for item in self.items:
             self.n += 1
+            if self.kept is not None:
+                self.kept.append(item)
             yield item
 
 
 def replay_file(path: str | Path, budgets: Budgets | None = None) -> dict[str, Any]:
     """`invoke replay FILE --json` prints this. Streams: memory does not grow with the file."""
-    kind, snaps = stream(path)
-    return replay(snaps, budgets, kind=kind, file=str(path))
+    return replay_run(path, budgets).report
 
 
 def write_trace(path: str | Path, snapshots: Iterable[Snapshot]) -> None:

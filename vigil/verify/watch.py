@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from vigil.errors import HostError, VigilError
-from vigil.exitcodes import ExitCode
+from vigil.exitcodes import VERDICT_EXIT, ExitCode
 from vigil.transport.remote import call_with
 from vigil.transport.ssh import Transport, connect, privileged
 from vigil.verify import history, reducer, smoke, systemd
@@ -43,11 +43,7 @@ if TYPE_CHECKING:
 Clock = Callable[[], float]
 Sleep = Callable[[float], None]
 
-# The documented exit codes (vigil/exitcodes.py) of each terminal verdict.
-VERDICT_EXIT = {"ready": ExitCode.OK, "crashed": ExitCode.CRASHED,
-                "stalled": ExitCode.STALLED, "timed_out": ExitCode.TIMED_OUT,
-                "stopped": ExitCode.STOPPED}
-
+# VERDICT_EXIT (vigil/exitcodes.py): the documented exit code of each terminal verdict.
 
 POLL_S = 5.0  # a start watched without inventory variables (rollback): poll_s's default
 
