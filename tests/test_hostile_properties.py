@@ -1,6 +1,8 @@
 """Property tests (hypothesis) for what hostile input reaches: the quoting of unit words,
 environment files and shell commands; the log, journal and history parsers; the inventory
-loader; the masking of secrets (issue 8).
+loader; the masking of secrets (issue 8); the terminal neutraliser and every report writer
+(issue 21: JUnit parses, HTML gains no tag, JSON loads back, a pipeline gets one annotation
+and three cells a row, whatever a host says).
 
 The quoting properties parse vigil's output back with reference parsers written from
 systemd's and bash's rules (and, for the shell, with bash itself): every value survives
@@ -9,11 +11,13 @@ as exactly one word, and no value can become a specifier, a variable or a second
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import shlex
 import subprocess
 import tempfile
+from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
 
@@ -403,3 +407,248 @@ def test_a_known_hosts_pattern_without_wildcards_matches_only_its_own_name(
     assert not host_matches(name, other)
     assert host_matches("*", name) and host_matches(f"{other},*", name)
     assert not host_matches(f"*,!{name}", name)
+
+
+# -- what a host says, out through the neutraliser and every report writer (issue 21.5-7) ------
+# Text biased towards what breaks a terminal, an XML parser, a browser or a pipeline: ANSI/OSC
+# sequences (clear, window title, OSC 52 clipboard, OSC 8 link, DCS), 8-bit C1 CSI, NUL,
+# lone surrogates, noncharacters, line separators, bidi overrides, ]]>, </script>, markup,
+# workflow-command and table syntax, mixed with arbitrary text (surrogates included).
+
+_FRAGMENTS = (
+    "\x1b[2J", "\x1b[31;1m", "\x1b]0;owned\x07", "\x1b]52;c;cm0gLXJmIH4=\x07",
+    "\x1b]8;;http://evil/\x1b\\x\x1b]8;;\x1b\\", "\x1bP+q544e\x1b\\", "\x9b2J", "\x9d0;t\x9c",
+    "\x07", "\x08", "\x00", "\r", "\r\n", "\n", "\t", "\x7f", "\x85", "\u2028", "\u2029",
+    "\u202e", "\u200b", "\ufeff", "\ud800", "\udc80", "\udfff", "\ufffe", "\uffff",
+    "\U0010ffff", "]]>", "<![CDATA[", "</script>", "<script>alert(1)</script>",
+    "<img src=x onerror=alert(1)>", "<a href=javascript:alert(1)>", "<!--", "-->", "&", "&amp;",
+    "&#x1b;", '"', "'", "<", ">", "|", "\\", "\\|", "`", "::error::", "::add-mask::x",
+    "%0A", "%25", ":", ",", "[/INST]", "[link=file:///etc/shadow]x[/link]", "{{ 7*7 }}",
+    "日本語", "e\u0301", "\u00a0", " ",
+)
+HOST_TEXT = st.lists(
+    st.sampled_from(_FRAGMENTS)
+    | st.text(st.characters(codec=None, exclude_categories=()), max_size=6)
+    | st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF),
+    max_size=14).map("".join)
+PROPS = settings(max_examples=200, deadline=None,
+                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+# What may reach a terminal or a file: printable characters (Zs spaces too), tab, newline.
+_UNPRINTABLE = "[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\ud800-\udfff\ufffe\uffff]"
+# XML 1.0's Char production, as a negated class
+_NOT_XML = "[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]"
+
+
+def _printable(text: str) -> bool:
+    import unicodedata
+
+    return all(c in "\t\n" or c.isprintable() or unicodedata.category(c) == "Zs"
+               for c in text)
+
+
+@PROPS
+@given(HOST_TEXT)
+def test_the_neutraliser_lets_no_terminal_control_through_and_keeps_the_lines(
+        text: str) -> None:
+    import re
+
+    from vigil.report import safe_text
+
+    clean = safe_text(text)
+    assert _printable(clean), ascii(clean)
+    assert not re.search(_UNPRINTABLE, clean) and "\x1b" not in clean and "\x9b" not in clean
+    assert safe_text(clean) == clean  # idempotent: a report of a report changes nothing
+    clean.encode("utf-8")  # no lone surrogate left
+    # the lines are the input's lines: newlines neither added (U+2028, U+0085, a lone CR)
+    # nor lost (CRLF is one newline)
+    assert clean.count("\n") == text.replace("\r\n", "\n").count("\n")
+
+
+@PROPS
+@given(HOST_TEXT, HOST_TEXT)
+def test_log_lines_carry_host_text_cleaned_one_line_per_line(host: str, text: str) -> None:
+    import io
+    import re
+
+    from vigil.report import Log, safe_text
+
+    out = io.StringIO()
+    Log(out)(host, text)
+    lines = out.getvalue().split("\n")
+    assert lines[-1] == ""
+    expected = safe_text(text).split("\n")
+    if len(expected) > 1 and expected[-1] == "":
+        expected = expected[:-1]
+    assert len(lines) - 1 == len(expected)
+    for line in lines[:-1]:
+        assert re.match(r"\d\d:\d\d:\d\d ", line) and not re.search(_UNPRINTABLE, line)
+
+
+class _Tags:
+    """The start tags and attribute names an HTML page holds (Python's own HTML parser)."""
+
+    def __init__(self, page: str) -> None:
+        from html.parser import HTMLParser
+
+        self.tags: set[str] = set()
+        self.attrs: set[str] = set()
+        tags, attrs = self.tags, self.attrs
+
+        class P(HTMLParser):
+            def handle_starttag(self, tag: str, a: list[tuple[str, str | None]]) -> None:
+                tags.add(tag)
+                attrs.update(name for name, _ in a)
+
+        P(convert_charrefs=True).feed(page)
+
+
+_OUTCOMES: dict[str, Any] = {}
+
+
+def _verify_outcome() -> Any:
+    """A real crashed start (its state and snapshots), read once."""
+    if not _OUTCOMES:
+        from tests.test_verify_report import TRACES, outcome
+
+        _OUTCOMES["o"] = outcome("lab-kill9-crashed.jsonl")
+        _OUTCOMES["snaps"] = replay.load(TRACES / "lab-kill9-crashed.jsonl")[1]
+    return _OUTCOMES["o"], _OUTCOMES["snaps"]
+
+
+def _hostile_outcomes(text: str) -> list[Any]:
+    """A lost host and a crashed one whose every host-given string is ``text``."""
+    import dataclasses
+
+    from vigil.verify.watch import Outcome
+
+    o, _ = _verify_outcome()
+    state = dataclasses.replace(o.state, cause=text, proof=text, summary=text, remedy=text)
+    return [Outcome(f"h{text}", error=f"e{text}", exit_code=1),
+            dataclasses.replace(o, host=f"c{text}", state=state)]
+
+
+def _hostile_rollout(text: str) -> Any:
+    from vigil.deploy import rollout
+    from vigil.report import HostResult
+
+    failed = HostResult(f"h{text}", "failed", error=f"e{text}", verdict="crashed", seconds=1.0)
+    ok = HostResult(f"o{text}", "changed", actions=[f"restart: {text}"], seconds=2.0)
+    return rollout.Rollout(serial=f"1{text}", budget="0", untouched=[f"u{text}"],
+                           batches=[rollout.BatchResult(1, [ok.host, failed.host], [ok, failed])],
+                           rolled_back=[HostResult(failed.host, "failed", error=f"r{text}")])
+
+
+@PROPS
+@given(HOST_TEXT)
+def test_any_host_text_makes_junit_that_parses_back_to_the_cleaned_text(text: str) -> None:
+    import re
+    import xml.etree.ElementTree as ET
+
+    from vigil.deploy import rollout
+    from vigil.report import safe_text
+    from vigil.verify import report as verify_report
+
+    lost, crashed = _hostile_outcomes(text)
+    for doc in (verify_report.junit_xml([lost, crashed]),
+                rollout.junit_xml(_hostile_rollout(text))):
+        assert not re.search(_NOT_XML, doc) and not re.search(_UNPRINTABLE, doc)
+        ET.fromstring(doc)  # a CI's parser reads it
+    cases = ET.fromstring(verify_report.junit_xml([lost, crashed])).findall(".//testcase")
+    assert [c.get("name") for c in cases] == [safe_text(lost.host), safe_text(crashed.host)]
+    error, failure = cases[0].find("error"), cases[1].find("failure")
+    assert error is not None and error.text == safe_text(f"e{text}")
+    assert failure is not None and safe_text(text) in (failure.text or "")
+    assert failure.get("message") == safe_text(f"crashed: {text or '-'} — {text}".strip())
+
+
+@PROPS
+@given(HOST_TEXT)
+def test_any_host_text_makes_html_pages_without_an_injected_tag_or_a_raw_control(
+        text: str) -> None:
+    import dataclasses
+    import re
+
+    from tests.test_history import rec
+    from vigil.deploy import rollout_html
+    from vigil.verify import html as verify_html
+
+    _, snaps = _verify_outcome()
+
+    def pages(t: str) -> list[str]:
+        starts = [verify_html.start_of(o, snaps) for o in _hostile_outcomes(t)]
+        records = [dataclasses.replace(rec(100.0 + i, host=f"h{t}", model=f"m{t}"),
+                                       verdict=v, cause=t) for i, v in enumerate(("ready",
+                                                                                  "crashed"))]
+        return [verify_html.start_page(starts), verify_html.history_page(records),
+                rollout_html.rollout_page(_hostile_rollout(t))]
+
+    for page, plain in zip(pages(text), pages("a\nb c"), strict=True):
+        assert not re.search(_UNPRINTABLE, page.replace("\n", ""))
+        assert "<script" not in page.lower() and "</script" not in page.lower()
+        got, want = _Tags(page), _Tags(plain)
+        assert got.tags <= want.tags and got.attrs <= want.attrs, (
+            got.tags - want.tags, got.attrs - want.attrs)
+        page.encode("utf-8")
+
+
+@PROPS
+@given(HOST_TEXT)
+def test_any_host_text_makes_json_that_loads_back_exactly_and_prints_no_control(
+        text: str) -> None:
+    import json
+
+    from vigil.deploy import rollout
+    from vigil.report import write_json
+    from vigil.verify import report as verify_report
+
+    ro = _hostile_rollout(text)
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, payload in (("r.json", rollout.rollout_json(ro)),
+                              ("v.json", verify_report.run_json(_hostile_outcomes(text), 3))):
+            write_json(f"{tmp}/{name}", payload)
+            raw = Path(f"{tmp}/{name}").read_bytes()
+            assert raw.isascii() and not any(b < 0x20 and b != 0x0A for b in raw)  # cat-safe
+            json.loads(raw)
+        back = json.loads(Path(f"{tmp}/r.json").read_text())
+    # a machine gets the host's own string back (JSON joins a surrogate pair into its one
+    # character; a host's undecodable bytes are lone low surrogates, never a pair)
+    same = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "surrogatepass")
+    assert back["failed"] == [f"h{same}"] and back["untouched"] == [f"u{same}"]
+
+
+def _unescaped_pipes(row: str) -> int:
+    """Cell delimiters of a GitHub-flavoured Markdown table row: a | after an even run of
+    backslashes (an odd run escapes it)."""
+    import re
+
+    return sum(1 for m in re.finditer(r"(\\*)\|", row) if len(m.group(1)) % 2 == 0)
+
+
+@PROPS
+@given(HOST_TEXT, HOST_TEXT)
+def test_any_host_text_makes_one_annotation_per_host_and_a_table_row_of_three_cells(
+        host: str, detail: str) -> None:
+    import re
+
+    from vigil.tasks import pipeline
+
+    rows = [pipeline.Row(f"h{host}", "crashed", f"d{detail}", True),
+            pipeline.Row(f"g{detail}", "ready", host, False)]
+    with tempfile.TemporaryDirectory() as tmp:
+        env = {"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": f"{tmp}/summary.md"}
+        with redirect_stdout(io.StringIO()):
+            printed = pipeline.report("verify", rows, env)
+        table = Path(f"{tmp}/summary.md").read_text(encoding="utf-8")
+    # one workflow command, for the one failed host: nothing of the host's text starts
+    # another line (::add-mask::, ::set-env::) or ends the title early
+    assert "\n" not in printed and not re.search(_UNPRINTABLE, printed)
+    title = re.fullmatch(r"::error title=([^:]*)::(.*)", printed)
+    assert title is not None and "," not in title.group(1)
+    body = table.split("\n")
+    assert body[2] == "| host | result | detail |" and len(body) == 4 + len(rows) + 2
+    for row in body[4:4 + len(rows)]:
+        assert row.startswith("| ") and row.endswith(" |")
+        assert _unescaped_pipes(row) == 4, row  # three cells, whatever the text
+        assert "<" not in row  # no HTML tag (an <img> pixel, an <a> link) renders there
+        assert not re.search(_UNPRINTABLE, row)

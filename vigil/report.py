@@ -65,7 +65,7 @@ class Log:
     def __call__(self, host: str, message: str) -> None:
         stamp = time.strftime("%H:%M:%S")
         lines = _lines(safe_text(message))
-        host = safe_text(host)
+        host = safe_text(host).replace("\n", "\\n")  # the tag of one line stays one line
         with self._lock:
             for line in lines:
                 self.stream.write(f"{stamp} {host:<{self.width}} {line}\n")

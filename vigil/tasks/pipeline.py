@@ -7,6 +7,7 @@ stdout, JUnit with --junit).
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -49,8 +50,12 @@ def verify_rows(outcomes: Iterable[Outcome]) -> list[Row]:
 
 
 def _cell(text: str) -> str:
-    # safe_text as everywhere (bidi overrides, lone surrogates too); one line a row
-    return safe_text(text).replace("\n", " ").replace("|", "\\|")
+    """One table cell of the job summary (GitHub-flavoured Markdown, which renders HTML):
+    safe_text as everywhere (bidi overrides, lone surrogates too), one line, ``&`` and
+    ``<`` as entities (no tag of a host's renders: an <img> pixel, an <a> link), and
+    every backslash and pipe escaped (a host's ``\\|`` would else end the cell)."""
+    text = safe_text(text).replace("\n", " ").replace("&", "&amp;").replace("<", "&lt;")
+    return re.sub(r"([\\|])", r"\\\1", text)
 
 
 def _message(text: str) -> str:
