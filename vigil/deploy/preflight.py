@@ -31,7 +31,11 @@ def check_host(
     found = problems(host_name, profile, r, facts, kill_stale=kill_stale, stack=stack,
                      policy=policy, gpus_needed=gpus_needed)
     if found:
-        raise found[0]
+        # every refusal at once, as preflight shows them: one round of fixes, not one each
+        first = found[0]
+        for more in found[1:]:
+            first.message += "\n  also: " + str(more).replace("\n", "\n    ")
+        raise first
 
 
 def problems(
