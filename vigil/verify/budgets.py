@@ -100,9 +100,12 @@ class HistoryRecord:
     quiet_s: Mapping[str, float] = field(default_factory=dict)
     weights_gib_per_gpu: float | None = None
     gpu_count: int | None = None
+    # The start's compile cache (compile_cache.CompileCache.to_record: state, seconds,
+    # the hash vLLM logged, why, the factors its key came from); None before vigil kept it.
+    compile_cache: Mapping[str, object] | None = None
 
     def to_dict(self) -> dict[str, object]:
-        return {
+        out: dict[str, object] = {
             "key": {
                 "hardware": self.key.hardware, "gpu_kind": self.key.gpu_kind,
                 "model": self.key.model, "config_hash": self.key.config_hash,
@@ -113,6 +116,10 @@ class HistoryRecord:
             "host": self.host, "quiet_s": dict(self.quiet_s),
             "weights_gib_per_gpu": self.weights_gib_per_gpu, "gpu_count": self.gpu_count,
         }
+        # only when kept: a record written before keeps its content, so its id
+        if self.compile_cache is not None:
+            out["compile_cache"] = dict(self.compile_cache)
+        return out
 
 
 # Relaxation levels, strictest first: the name and the key fields that must match.

@@ -24,6 +24,7 @@ from vigil.desired.render import STATE_ROOT, Rendered
 from vigil.errors import ConfigError, HostError
 from vigil.transport.remote import call
 from vigil.transport.ssh import Transport
+from vigil.verify import compile_cache
 from vigil.verify.budgets import BudgetKey, CacheState, HistoryRecord
 from vigil.verify.replay import MAX_EPOCH_S
 
@@ -139,9 +140,18 @@ def _parse_record(data: Mapping[str, Any]) -> HistoryRecord:
             quiet_s={str(p): float(s) for p, s in dict(data.get("quiet_s") or {}).items()},
             weights_gib_per_gpu=data.get("weights_gib_per_gpu"),
             gpu_count=data.get("gpu_count"),
+            compile_cache=_compile_cache(data.get("compile_cache")),
         )
     except (KeyError, TypeError, AttributeError) as exc:
         raise ValueError(f"not a history record: missing or bad {exc}") from None
+
+
+def _compile_cache(data: object) -> dict[str, Any] | None:
+    """A record's compile_cache as stored (a mapping whose state vigil knows), else None: a
+    bad one costs that field, not the record."""
+    if isinstance(data, Mapping) and compile_cache.from_record(data) is not None:
+        return dict(data)
+    return None
 
 
 def parse_lines(text: str) -> tuple[list[HistoryRecord], int]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vigil.report import safe_text, write_text
-from vigil.verify import catalog, reducer
+from vigil.verify import catalog, compile_cache, reducer
 from vigil.verify.budgets import Budgets, HistoryRecord
 from vigil.verify.snapshot import Smoke, Snapshot
 from vigil.verify.watch import Outcome
@@ -79,6 +79,8 @@ class Start:
     n_samples: int = 0
     smoke: Smoke | None = None
     error: str | None = None  # the host was lost or the input was bad
+    # the watch's verdict on the compile cache (with history); None: the state's own
+    compile_cache: compile_cache.CompileCache | None = None
 
 
 @dataclass(frozen=True)
@@ -246,6 +248,14 @@ def _verdict(start: Start) -> str:
         out.append(f"<p><b>fix:</b> {_e(st.remedy)}</p>")
     if st.summary:
         out.append(f'<p class="muted">{_e(st.summary)}</p>')
+    cc = start.compile_cache or compile_cache.judge(
+        st.compile_cache, reducer.phase_durations(st).get("compiling"))
+    colour = {"hit": "#1a7f37", "miss": "#cf222e", "partial": "#9a6700"}.get(cc.state,
+                                                                          "#57606a")
+    out.append(f'<p id="compile-cache"><b style="color:{colour}">{_e(cc.line())}</b>'
+               + (f'<br><span class="muted">hash {_e(cc.hash)}</span>' if cc.hash else "")
+               + "".join(f'<span class="proof">{_e(line)}</span>' for line in cc.proof[:3])
+               + "</p>")
     sm = start.smoke
     if sm is not None:
         out.append(f"<p>smoke completion: {sm.tokens} tokens, TTFT {sm.ttft_s or 0:.2f} s, "
@@ -345,14 +355,17 @@ def history_page(records: Sequence[HistoryRecord], *, title: str = "vigil histor
 def _history_table(records: Sequence[HistoryRecord]) -> str:
     phases = [p for p in reducer.PHASES[:-1] if any(p in r.phases_s for r in records)]
     head = "".join(f"<th>{_e(catalog.PHASE[p].short)}</th>" for p in phases)
-    rows = [f"<tr><th>when (UTC)</th><th>host</th><th>cache</th><th>verdict</th>{head}"
-            "<th>total</th></tr>"]
+    rows = [f"<tr><th>when (UTC)</th><th>host</th><th>cache</th><th>compile cache</th>"
+            f"<th>verdict</th>{head}<th>total</th><th>why</th></tr>"]
     for r in records:
         when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(r.started_at))
         cols = "".join(f"<td>{r.phases_s[p]:.1f}</td>" if p in r.phases_s else "<td>-</td>"
                        for p in phases)
+        cc = compile_cache.from_record(r.compile_cache)
         rows.append(f"<tr><td>{when}</td><td>{_e(r.host)}</td><td>{r.key.cache}</td>"
-                    f"<td>{_e(r.verdict)}</td>{cols}<td>{r.total_s:.1f}</td></tr>")
+                    f"<td>{_e(compile_cache.summary_cell(r.compile_cache))}</td>"
+                    f"<td>{_e(r.verdict)}</td>{cols}<td>{r.total_s:.1f}</td>"
+                    f'<td class="muted">{_e(cc.reason if cc is not None else "")}</td></tr>')
     return "<table>" + "".join(rows) + "</table>"
 
 
@@ -366,7 +379,7 @@ def start_of(o: Outcome, snapshots: Sequence[Snapshot]) -> Start:
                  budgets=plan.budgets if plan is not None else None,
                  level=plan.level if plan is not None else "",
                  n_samples=plan.n_samples if plan is not None else 0,
-                 smoke=o.smoke, error=o.error)
+                 smoke=o.smoke, error=o.error, compile_cache=o.compile_cache)
 
 
 def outcomes_page(outcomes: Sequence[Outcome]) -> str:
