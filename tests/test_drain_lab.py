@@ -108,12 +108,14 @@ def stream_once(client: str, on_chunk: Callable[[], None] = lambda: None) -> Req
     return req
 
 
-def journal_of(i: int) -> tuple[int, str]:
-    # right after a vLLM start the 2 shared cores are busy: an SSH channel may time out
+def journal_of(i: int, since: float) -> tuple[int, str]:
+    # Everything since the rolling deploy began (not the last N lines, which a verbose
+    # start can push the shutdown out of). Right after a vLLM start the 2 shared cores
+    # are busy: an SSH channel may time out.
     for attempt in range(3):
         try:
-            code, out, _ = hosts.run(i, "journalctl -u vllm -o short-unix --no-pager -n 3000",
-                                     timeout=120)
+            code, out, _ = hosts.run(i, f"journalctl -u vllm -o short-unix --no-pager "
+                                        f"--since @{int(since)}", timeout=120)
             return code, out
         except (OSError, paramiko.SSHException):
             if attempt == 2:
@@ -162,6 +164,7 @@ def rolling_restart_under_load(name: str, drain_s: int,
         th.start()
     try:
         # both clients streaming before the restart: the before-stop hook sees to it
+        rolled_at = time.time() - 5
         roll = invoke("deploy", "--hosts", name, "--set", setting, "--restart",
                       "--serial", "1", "--junit", str(tmp_path / "roll.xml"),
                       "--before-stop", f"{sys.executable} {hook} {pool} drain",
@@ -173,12 +176,17 @@ def rolling_restart_under_load(name: str, drain_s: int,
             th.join(timeout=180)
     assert roll.returncode == 0, roll.stdout + roll.stderr
 
-    code, journal = journal_of(HOST)
+    code, journal = journal_of(HOST, rolled_at)
     assert code == 0
     mode = "drain" if drain_s else "abort"
     stops = [float(line.split()[0]) for line in journal.splitlines()
              if f"[shutdown] API server: stopping engine client mode={mode}" in line]
-    assert stops, f"vLLM logged no {mode} shutdown:\n{journal[-2000:]}"
+    # what systemd and vLLM said about stopping and starting, should the line be missing
+    around = "\n".join(ln for ln in journal.splitlines() if any(w in ln for w in (
+        "shutdown", "Stopping", "Stopped", "Started", "Starting", "Suppressed", "SIGTERM",
+        "signal", "Main process exited", "vLLM API server version")))
+    assert stops, f"vLLM logged no {mode} shutdown since the roll began:\n{around[-4000:]}" \
+        f"\n--- roll:\n{roll.stdout[-3000:]}"
     sigterm = stops[-1]
     report = "\n".join(f"{r.client} {r.start - sigterm:+.1f}..{r.end - sigterm:+.1f} s "
                         f"{r.outcome} chunks={r.chunks} {r.error}" for r in requests)
