@@ -40,8 +40,8 @@ from pydantic.fields import FieldInfo  # noqa: E402
 
 from vigil.desired import config, groups, render  # noqa: E402
 from vigil.desired import roles as roles_mod  # noqa: E402
-from vigil.exitcodes import MEANING, VERDICT_EXIT, ExitCode  # noqa: E402
-from vigil.tasks import common, project  # noqa: E402
+from vigil.exitcodes import MEANING, SEVERITY, VERDICT_EXIT, ExitCode  # noqa: E402
+from vigil.tasks import project  # noqa: E402
 from vigil.tasks.collection import ns  # noqa: E402
 from vigil.verify import catalog, reducer  # noqa: E402
 
@@ -784,10 +784,10 @@ def exit_codes_page() -> str:
         "| code | name | meaning |", "|---|---|---|",
     ]
     lines += [f"| {int(c)} | `{c.name}` | {cell(MEANING[c])} |" for c in ExitCode]
-    order = ", ".join(f"{int(c)} ({c.name})" for c in common.SEVERITY)
+    order = ", ".join(f"{int(c)} ({c.name})" for c in SEVERITY)
     lines += [
         "", "When hosts end differently, the task exits with the most important of their "
-        f"codes, in this order: {order} (`SEVERITY` in vigil/tasks/common.py).", "",
+        f"codes, in this order: {order} (`SEVERITY` in vigil/exitcodes.py).", "",
         "verify's verdicts map to codes as `VERDICT_EXIT` in vigil/exitcodes.py says: "
         + ", ".join(f"`{v}` {int(c)}" for v, c in VERDICT_EXIT.items())
         + "; any other end of a watch is 1. `replay` exits the same way with the verdict "

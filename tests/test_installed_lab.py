@@ -159,12 +159,13 @@ def test_deploy_and_verify_from_the_users_repo_against_a_lab_host(
     # the pipeline's view of a failed host, from a real run: one annotation, one row
     lost = run([str(installed / "vigil"), "deploy", "--hosts", "gone"], cwd=ops_repo,
                env=github)
-    assert lost.returncode == 1, lost.stdout + lost.stderr
+    assert lost.returncode == 8, lost.stdout + lost.stderr  # UNREACHABLE
     (annotation,) = [ln for ln in lost.stdout.splitlines() if ln.startswith("::error")]
-    assert annotation.startswith("::error title=vigil deploy%3A gone::gone failed: ")
+    assert annotation.startswith("::error title=vigil deploy%3A gone::gone UNREACHABLE: ")
     summary = (ops_repo / "summary.md").read_text()
     assert "### vigil verify: 1 of 1 hosts fine" in summary and "| e2e | ready |" in summary
-    assert "### vigil deploy: 0 of 1 hosts fine" in summary and "| gone | ❌ failed |" in summary
+    assert "### vigil deploy: 0 of 1 hosts fine" in summary
+    assert "| gone | ❌ UNREACHABLE |" in summary
     assert (ops_repo / "state" / "history.sqlite").is_file()
     # the installed vLLM's own parser decides the flags: one it lacks is refused up front
     unit = lab.run(INDEX, f"cat /etc/systemd/system/{UNIT}.service")[1]

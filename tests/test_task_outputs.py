@@ -325,3 +325,135 @@ def test_history_json_lists_the_records(inv: Path, capsys: pytest.CaptureFixture
     assert [r["host"] for r in doc["records"]] == ["up"]
     assert doc["records"][0]["phases_s"] == {"loading_weights": 61.5}
     assert "glm-5" in seen.err
+
+
+# -- 22.12: systemctl's silence is a failure; one word and one code for unreachable --------
+
+def test_status_when_systemctl_cannot_answer_is_a_failure_naming_its_error(
+        inv: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    _status_env(monkeypatch, {"service": {"error": "Failed to connect to bus: No such file "
+                                                   "or directory"},
+                              "uptime_s": None, "health": None, "exec_start": ""})
+    code = run_task("status", ctx(inv), hosts="up", json="status.json")
+    text = capsys.readouterr().out
+    assert code == 1, text  # a host failed: not 0 with ?/?
+    assert "?/?" not in text and "Failed to connect to bus" in text
+    assert "systemctl cannot answer" in text
+    doc = json.loads((inv.parent / "status.json").read_text())
+    assert "Failed to connect to bus" in doc["hosts"]["up"]["error"]
+    assert doc["hosts"]["up"]["result"] == "FAILED"
+
+
+def test_unreachable_has_its_own_documented_exit_code() -> None:
+    from vigil.errors import UnreachableError
+    from vigil.exitcodes import MEANING, ExitCode
+    from vigil.tasks.common import SEVERITY
+
+    assert UnreachableError("h", "refused").exit_code == ExitCode.UNREACHABLE
+    assert ExitCode.UNREACHABLE not in (ExitCode.FAILED, ExitCode.BAD_INPUT)
+    assert "unreachable" in MEANING[ExitCode.UNREACHABLE]
+    assert "unreachable" not in MEANING[ExitCode.FAILED]
+    # Ansible's order: an unreachable host outranks a failed one
+    assert SEVERITY.index(ExitCode.UNREACHABLE) < SEVERITY.index(ExitCode.FAILED)
+
+
+def _patch_everyones_connect(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vigil.deploy import apply, service
+    from vigil.tasks import runtime
+    from vigil.verify import watch
+
+    for module in (service, runtime, apply, watch):
+        monkeypatch.setattr(module, "connect", fake_connect())
+
+
+@pytest.mark.parametrize("task, kwargs", [
+    ("status", {}), ("logs", {}), ("rollback", {"no_wait": True}), ("preflight", {}),
+    ("stack.check", {}), ("verify", {}), ("deploy", {}),
+])
+def test_an_unreachable_host_is_spelled_unreachable_with_one_exit_code_in_every_task(
+        inv: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        task: str, kwargs: dict[str, Any]) -> None:
+    from vigil.exitcodes import ExitCode
+
+    _patch_everyones_connect(monkeypatch)
+    code = run_task(task, ctx(inv), hosts="down", **kwargs)
+    seen = capsys.readouterr()
+    text = seen.out + seen.err
+    assert code == ExitCode.UNREACHABLE, text
+    assert "UNREACHABLE" in text, text
+    for other in ("FAILED", "error:", "unreachable:", "unreachable "):
+        assert other not in text.replace("UNREACHABLE", ""), (other, text)
+
+
+def test_the_recap_counts_unreachable_apart_and_a_failure_after_writes_as_changed() -> None:
+    from vigil.exitcodes import ExitCode
+    from vigil.report import HostResult, results_json, summary_table
+
+    results = [
+        HostResult("ok-1", "ok"),
+        HostResult("chg-1", "changed", actions=["write_unit: new unit"],
+                   applied=["write_unit"]),
+        HostResult("late", "failed", actions=[f"a{i}: why" for i in range(5)],
+                   applied=["backup", "write_env", "write_unit", "systemctl"],
+                   error="late: verify: crashed (nccl_error)", exit_code=3),
+        HostResult("early", "failed", error="early: install_env failed", exit_code=1),
+        HostResult("gone", "failed", error="gone: SSH refused",
+                   exit_code=int(ExitCode.UNREACHABLE)),
+    ]
+    text = summary_table(results)
+    assert text.splitlines()[-1] == "ok=1 changed=2 unreachable=1 failed=2"
+    assert [line.split()[1] for line in text.splitlines()[1:-1]] == [
+        "ok", "changed", "failed", "failed", "UNREACHABLE"]
+    hosts = results_json(results)["hosts"]
+    assert hosts["gone"]["unreachable"] is True and hosts["late"]["unreachable"] is False
+    assert hosts["late"]["applied"] == ["backup", "write_env", "write_unit", "systemctl"]
+
+
+def test_a_host_that_fails_after_its_writes_has_them_counted(
+        inv: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from vigil.deploy import apply
+    from vigil.deploy.plan import Action, Plan
+    from vigil.desired import targets as targets_mod
+    from vigil.desired.inventory import load
+    from vigil.errors import ServeError
+    from vigil.report import Log
+
+    kinds = ("backup", "write_env", "write_unit", "systemctl")
+
+    @contextmanager
+    def no_lock(*a: Any, **kw: Any) -> Iterator[None]:
+        yield
+
+    def apply_plan(transport: Any, t: Any, plan: Plan, say: Any,
+                   done: list[str] | None = None, **kw: Any) -> None:
+        assert done is not None
+        done.extend(a.kind for a in plan.actions)  # the agent did every write
+
+    def verify_start(*a: Any, **kw: Any) -> None:
+        raise ServeError("up", "verify: crashed (nccl_error): NCCL error")
+
+    facts = SimpleNamespace(roles=None, release_exists=True, health_status=None,
+                            service=SimpleNamespace(main_pid=0))
+    monkeypatch.setattr(apply, "connect", fake_connect())
+    monkeypatch.setattr(apply, "host_lock", no_lock)
+    monkeypatch.setattr(apply, "gather", lambda transport, t: facts)
+    monkeypatch.setattr(apply, "check_host", lambda *a, **kw: None)
+    monkeypatch.setattr(apply, "make_plan", lambda *a, **kw: Plan(
+        "up", tuple(Action(k, "changed", {"args": ["restart", "vllm"]} if k == "systemctl"
+                           else {}) for k in kinds), True))
+    monkeypatch.setattr(apply, "apply_plan", apply_plan)
+    monkeypatch.setattr(apply, "verify_start", verify_start)
+    (t,) = targets_mod.resolve(load(inv), "up")
+    result = apply.deploy_host(t, apply.Options(), Log())
+    assert result.error is not None and "NCCL error" in result.error
+    assert result.status == "failed" and result.applied == list(kinds)
+    assert "changed=1" in apply_summary([result])
+
+
+def apply_summary(results: list[Any]) -> str:
+    from vigil.report import summary_table
+
+    return summary_table(results).splitlines()[-1]

@@ -64,6 +64,8 @@ class HostError(VigilError):
 class UnreachableError(HostError):
     """The host could not be reached or authenticated over SSH."""
 
+    exit_code = ExitCode.UNREACHABLE
+
 
 class PermissionDeniedError(HostError):
     """The connection works but the user may not do what the deploy needs."""

@@ -16,6 +16,15 @@ class ExitCode(IntEnum):
     TIMED_OUT = 5  # verify: past the hard cap (or 3x a budget learned from history)
     STOPPED = 6  # verify: someone stopped or restarted the unit during the watch
     ROLLOUT_STOPPED = 7  # deploy --serial: past the failure budget; later batches untouched
+    UNREACHABLE = 8  # a host could not be reached or logged in to over SSH; nothing ran there
+
+
+# One exit-code policy for every task: bad input or a refusal first, then the worst
+# verdict (timed out > stalled > crashed > stopped), a stopped rollout, an unreachable
+# host (Ansible's order: unreachable outranks failed), a failed host.
+SEVERITY = (ExitCode.BAD_INPUT, ExitCode.TIMED_OUT, ExitCode.STALLED, ExitCode.CRASHED,
+            ExitCode.STOPPED, ExitCode.ROLLOUT_STOPPED, ExitCode.UNREACHABLE,
+            ExitCode.FAILED)
 
 
 # A watch's verdict as the task's exit code (verify, replay, deploy's watch); a verdict
@@ -28,7 +37,8 @@ VERDICT_EXIT: Mapping[str, ExitCode] = {
 # What each code means to the person who ran the task (the reference page's table).
 MEANING: Mapping[ExitCode, str] = {
     ExitCode.OK: "deploy: every host `ok` or `changed`; verify: ready",
-    ExitCode.FAILED: "a host failed (unreachable, permission denied, install or start failed)",
+    ExitCode.FAILED: "a host failed (permission denied, install or start failed, systemctl "
+    "could not answer)",
     ExitCode.BAD_INPUT: "bad input (inventory, profile, stack, template, flag or config) or a "
     "refusal (preflight's facts make the deploy impossible); nothing was touched — in every "
     "task",
@@ -39,4 +49,7 @@ MEANING: Mapping[ExitCode, str] = {
     "someone else)",
     ExitCode.ROLLOUT_STOPPED: "deploy `--serial`/`--max-fail`: the rollout stopped past the "
     "failure budget; later hosts untouched",
+    ExitCode.UNREACHABLE: "a host was unreachable (SSH refused, timed out, closed, host key "
+    "or login refused): nothing ran there — every task says `UNREACHABLE` and its recap "
+    "counts it apart from `failed`",
 }

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from vigil.errors import ConfigError
+from vigil.exitcodes import ExitCode
 
 # Anything but tab, newline and printable ASCII is looked at once (the fast path skips
 # plain ASCII lines, most of a journal).
@@ -94,19 +95,51 @@ class HostResult:
     # the host kept its running release (backup) before replacing it: a rollback swaps
     # exactly that one back (a plain restart keeps none; a swap would bring an older one)
     replaced: bool = False
+    # the actions the host completed (kinds), also when a later step failed: what changed
+    applied: list[str] = field(default_factory=list)
+
+    @property
+    def unreachable(self) -> bool:
+        """Never reached (SSH): nothing ran there."""
+        return self.exit_code == ExitCode.UNREACHABLE
+
+
+def failed_word(exit_code: int, word: str = "FAILED") -> str:
+    """How every task names a host it could not reach (one word: UNREACHABLE), else
+    ``word``."""
+    return "UNREACHABLE" if exit_code == ExitCode.UNREACHABLE else word
+
+
+def recap(results: list[HostResult]) -> dict[str, int]:
+    """Ansible's recap, over hosts: ``changed`` counts every host something was changed
+    on, also one that failed after (a failed host with writes is in both), and an
+    unreachable host is ``unreachable``, not ``failed``."""
+    return {
+        "ok": sum(r.status == "ok" for r in results),
+        "changed": sum(r.status == "changed" or (r.status == "failed" and bool(r.applied))
+                       for r in results),
+        "unreachable": sum(r.unreachable for r in results),
+        "failed": sum(r.status == "failed" and not r.unreachable for r in results),
+    }
+
+
+def result_word(r: HostResult) -> str:
+    return failed_word(r.exit_code, r.status) if r.status == "failed" else r.status
 
 
 def summary_table(results: list[HostResult]) -> str:
     width = max([8, *(len(r.host) for r in results)])
-    lines = [f"{'HOST':<{width}}  {'RESULT':<8} {'PID':>8} {'TIME':>8}  DETAIL"]
+    lines = [f"{'HOST':<{width}}  {'RESULT':<11} {'PID':>8} {'TIME':>8}  DETAIL"]
     for r in results:
         # the full reasons are in the log above and in --json; here, what was done
         done = ", ".join(a.split(":", 1)[0] for a in r.actions)
         detail = r.error.splitlines()[0] if r.error else done or "nothing to do"
+        if r.error and r.applied:
+            detail += f" (after {len(r.applied)} change(s): {', '.join(r.applied)})"
         pid = str(r.main_pid) if r.main_pid else "-"
-        lines.append(f"{r.host:<{width}}  {r.status:<8} {pid:>8} {r.seconds:>7.1f}s  {detail}")
-    counts = {s: sum(r.status == s for r in results) for s in ("ok", "changed", "failed")}
-    lines.append(" ".join(f"{k}={v}" for k, v in counts.items()))
+        lines.append(f"{r.host:<{width}}  {result_word(r):<11} {pid:>8} {r.seconds:>7.1f}s"
+                     f"  {detail}")
+    lines.append(" ".join(f"{k}={v}" for k, v in recap(results).items()))
     return "\n".join(lines)
 
 
@@ -145,5 +178,6 @@ def write_json(path: str, payload: Any) -> None:
 def results_json(results: list[HostResult]) -> dict[str, Any]:
     return {
         "ok": all(r.status != "failed" for r in results),
-        "hosts": {r.host: asdict(r) for r in results},
+        "recap": recap(results),
+        "hosts": {r.host: {**asdict(r), "unreachable": r.unreachable} for r in results},
     }

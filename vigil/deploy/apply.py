@@ -29,7 +29,7 @@ from vigil.errors import (
     ServeError,
     VigilError,
 )
-from vigil.report import HostResult, Log
+from vigil.report import HostResult, Log, failed_word
 from vigil.transport.remote import call
 from vigil.transport.ssh import Transport, connect, host_lock, lock_owner
 from vigil.verify.budgets import phase_defaults
@@ -132,6 +132,8 @@ def apply_plan(transport: Transport, t: Target, plan: Plan, say: Callable[[str],
     if not plan.actions:
         return
     first = apply_install(transport, t, plan, say)
+    if first and done is not None:  # a verified environment now sits beside the old one
+        done.append("install_env")
     if before_stop is not None and plan.restarts:
         before_stop()
     request = {**agent_request(t), "actions": first + [
@@ -249,11 +251,12 @@ def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
         err = exc if isinstance(exc, VigilError) else InternalError.of(t.name, exc)
         result.error = str(err)
         result.exit_code = int(err.exit_code)
-        say(f"FAILED: {err}")
+        say(f"{failed_word(int(err.exit_code))}: {err}")
         if drained and opts.hooks is not None:
             result.error += undrain(t, opts.hooks, restarted="restart" in done, say=say)
     finally:
         result.replaced = "backup" in done
+        result.applied = list(done)
         result.seconds = round(time.monotonic() - started, 2)
     return result
 

@@ -29,7 +29,7 @@ from vigil.desired.render import API_KEY
 from vigil.desired.targets import Target
 from vigil.errors import ConfigError, InternalError, VigilError
 from vigil.exitcodes import ExitCode
-from vigil.report import HostResult, Log, write_text, xml_document
+from vigil.report import HostResult, Log, result_word, write_text, xml_document
 from vigil.transport.ssh import connect
 from vigil.verify.report import outcome_json
 from vigil.verify.watch import Settings as WatchSettings
@@ -319,19 +319,24 @@ def _phases(r: HostResult) -> dict[str, float]:
 
 def summary(ro: Rollout) -> str:
     width = max([8, *(len(r.host) for r in ro.results), *(len(h) for h in ro.untouched)])
-    lines = [f"{'BATCH':<5} {'HOST':<{width}}  {'RESULT':<10} {'TIME':>8}  DETAIL"]
+    lines = [f"{'BATCH':<5} {'HOST':<{width}}  {'RESULT':<11} {'TIME':>8}  DETAIL"]
     for b in ro.batches:
         for r in b.results:
             detail = r.error.splitlines()[0] if r.error else (r.verdict or "nothing to do"
                                                                if not r.restarted else "ready")
-            lines.append(f"{b.index:<5} {r.host:<{width}}  {r.status:<10} {r.seconds:>7.1f}s"
-                         f"  {detail}")
+            lines.append(f"{b.index:<5} {r.host:<{width}}  {result_word(r):<11} "
+                         f"{r.seconds:>7.1f}s  {detail}")
     for h in ro.untouched:
-        lines.append(f"{'-':<5} {h:<{width}}  {'untouched':<10} {'':>8}  rollout stopped")
+        lines.append(f"{'-':<5} {h:<{width}}  {'untouched':<11} {'':>8}  rollout stopped")
     for r in ro.rolled_back:
         detail = r.error.splitlines()[0] if r.error else "previous release ready"
-        lines.append(f"{'rb':<5} {r.host:<{width}}  {r.status:<10} {r.seconds:>7.1f}s  {detail}")
-    lines.append(f"done={len(ro.done)} failed={len(ro.failed)} untouched={len(ro.untouched)}"
+        lines.append(f"{'rb':<5} {r.host:<{width}}  {result_word(r):<11} {r.seconds:>7.1f}s"
+                     f"  {detail}")
+    # a failure budget counts an unreachable host as failed (Ansible's max_fail too); the
+    # recap says which it was
+    unreachable = sum(r.unreachable for r in ro.results)
+    lines.append(f"done={len(ro.done)} failed={len(ro.failed) - unreachable} "
+                 f"unreachable={unreachable} untouched={len(ro.untouched)}"
                  + (f" rolled_back={sum(r.status == 'rolled_back' for r in ro.rolled_back)}"
                     if ro.rolled_back else "")
                  + (" — stopped: failure budget exceeded" if ro.stopped else ""))

@@ -21,7 +21,7 @@ from vigil.desired.render import api_key as render_api_key
 from vigil.errors import HostError, InternalError, VigilError
 from vigil.transport.remote import call
 from vigil.transport.ssh import Transport, connect, deploy_lock, privileged
-from vigil.verify import watch
+from vigil.verify import systemd, watch
 from vigil.verify.report import Reporter
 
 T = TypeVar("T")
@@ -93,10 +93,16 @@ class Status:
 
 
 def status(transport: Transport, hv: HostVars) -> Status:
-    """The unit's state, uptime, what its unit file serves and /health: one round trip."""
+    """The unit's state, uptime, what its unit file serves and /health: one round trip.
+    A systemctl that cannot answer is the host's failure, with its words."""
     reply = call(transport, hv, "status", {
         "unit": hv.service, "port": hv.port, "unit_path": service_paths(hv)["unit"]})
     svc: dict[str, Any] = reply["service"]
+    if svc.get("error"):
+        error = str(svc["error"])
+        raise HostError(transport.name, f"systemctl cannot answer for {hv.service}: {error}",
+                        fix=systemd.FIX if systemd.no_systemd(error)
+                        else "run `systemctl status` on the host")
     exec_start = str(reply.get("exec_start") or "")
     return Status(
         active_state=str(svc.get("ActiveState", "")), sub_state=str(svc.get("SubState", "")),

@@ -20,7 +20,7 @@ from invoke.tasks import Task
 from vigil.desired import inventory
 from vigil.desired.render import TEMPLATES
 from vigil.errors import ConfigError, InternalError, VigilError
-from vigil.exitcodes import ExitCode
+from vigil.exitcodes import SEVERITY as SEVERITY  # one exit-code policy for every task
 from vigil.report import echo, write_json
 from vigil.tasks import project
 from vigil.verify.watch import Settings
@@ -28,10 +28,6 @@ from vigil.verify.watch import Settings
 HOSTS_HELP = ("hosts, groups or all, comma separated; Ansible's patterns too: g:!h (g "
               "without h), g:&k (in both), h100-*, h100-[01:04], ~regex")
 SET_HELP = "KEY=VALUE override of a host variable or profile field (repeatable)"
-# One exit-code policy for every task: bad input or a refusal first, then the worst
-# verdict (timed out > stalled > crashed > stopped), a stopped rollout, a failed host.
-SEVERITY = (ExitCode.BAD_INPUT, ExitCode.TIMED_OUT, ExitCode.STALLED, ExitCode.CRASHED,
-            ExitCode.STOPPED, ExitCode.ROLLOUT_STOPPED, ExitCode.FAILED)
 
 T = TypeVar("T")
 # Tasks that change hosts act on no host by default: `all` is said, never implied.

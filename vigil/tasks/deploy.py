@@ -15,7 +15,7 @@ from vigil.desired import targets as targets_mod
 from vigil.desired.config import HostVars
 from vigil.errors import ConfigError
 from vigil.exitcodes import ExitCode
-from vigil.report import Log, echo, results_json, summary_table
+from vigil.report import Log, echo, failed_word, results_json, summary_table
 from vigil.tasks import pipeline
 from vigil.tasks.common import (
     CHANGING_HOSTS_HELP,
@@ -166,7 +166,8 @@ def _report(runs: list[service.HostRun[str]], width: int | None = None,
             stream: TextIO | None = None) -> None:
     width = width or max(len(r.host) for r in runs)
     for r in runs:
-        text = r.value if r.error is None else f"unreachable  {str(r.error).splitlines()[0]}"
+        text = r.value if r.error is None else \
+            f"{failed_word(r.error.exit_code)}  {str(r.error).splitlines()[0]}"
         echo(f"{r.host:<{width}}  {text}", file=stream)
 
 
@@ -183,7 +184,8 @@ def status(c: Context, hosts: str = "all", json: JsonFlag = None) -> None:
                              r.error) for r in runs], stream=text_stream(json))
     code = worst_code(codes)
     emit_json(c, json, {"ok": code == 0, "exit_code": code, "hosts": {
-        r.host: {**(asdict(r.value) if r.value is not None else {}),
+        r.host: {"result": "ok" if r.error is None else failed_word(r.error.exit_code),
+                 **(asdict(r.value) if r.value is not None else {}),
                  "error": None if r.error is None else str(r.error)} for r in runs}})
     exit_with(codes)
 
@@ -201,7 +203,7 @@ def logs(c: Context, hosts: str = "all", follow: bool = False, lines: int = 100)
                 name, service.journal(t, hv, lines).rstrip("\n")))
     for r in runs:
         if r.error is not None:
-            log(r.host, f"error: {r.error}")
+            log(r.host, f"{failed_word(r.error.exit_code, 'error')}: {r.error}")
     exit_with([int(r.error.exit_code) for r in runs if r.error is not None])
 
 
@@ -221,7 +223,7 @@ def rollback(c: Context, hosts: str | None = None, no_wait: bool = False) -> Non
         runs = service.on_hosts(load_inventory(c), hosts_given(hosts, "rollback"), one)
     for r in runs:
         if r.error is not None:
-            log(r.host, f"FAILED: {r.error}")
+            log(r.host, f"{failed_word(r.error.exit_code)}: {r.error}")
         elif not no_wait:
             log(r.host, f"serving again, pid {r.value}")
     exit_with([int(r.error.exit_code) for r in runs if r.error is not None])

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TextIO
 
-from vigil.report import HostResult, safe_text
+from vigil.report import HostResult, failed_word, result_word, safe_text
 from vigil.verify.watch import Outcome
 
 
@@ -31,7 +31,7 @@ def deploy_rows(results: Iterable[HostResult]) -> list[Row]:
         done = ", ".join(a.split(":", 1)[0] for a in r.actions)
         detail = (r.error.splitlines() or [""])[0] if r.error else done or "nothing to do"
         # a start that failed its watch says how (crashed, stalled) rather than "failed"
-        result = r.verdict if r.status == "failed" and r.verdict else r.status
+        result = r.verdict if r.status == "failed" and r.verdict else result_word(r)
         rows.append(Row(r.host, result, detail, r.status == "failed"))
     return rows
 
@@ -41,7 +41,8 @@ def verify_rows(outcomes: Iterable[Outcome]) -> list[Row]:
     for o in outcomes:
         st = o.state
         if o.error is not None or st is None:
-            rows.append(Row(o.host, "error", (o.error or "no verdict").splitlines()[0], True))
+            rows.append(Row(o.host, failed_word(o.exit_code, "error"),
+                            (o.error or "no verdict").splitlines()[0], True))
             continue
         detail = " - ".join(str(x) for x in (st.cause, st.proof or st.remedy) if x)
         rows.append(Row(o.host, str(st.verdict), detail or str(st.phase or ""),

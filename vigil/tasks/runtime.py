@@ -26,7 +26,7 @@ from vigil.desired.stacks import check as check_stack
 from vigil.desired.stacks import pip_check_problems
 from vigil.errors import ConfigError, VigilError
 from vigil.exitcodes import ExitCode
-from vigil.report import echo
+from vigil.report import echo, failed_word
 from vigil.tasks.common import (
     HOSTS_HELP,
     JsonFlag,
@@ -38,6 +38,7 @@ from vigil.tasks.common import (
     text_stream,
     user_errors,
     vigil_task,
+    worst_code,
 )
 from vigil.transport.remote import call
 from vigil.transport.ssh import connect
@@ -52,6 +53,7 @@ class Drift:
     current: str | None = None
     problems: list[str] = field(default_factory=list)
     error: str | None = None
+    exit_code: int = 0  # the error's (UNREACHABLE for a host never reached)
     seconds: float = 0.0
     round_trips: int = 0
 
@@ -83,7 +85,7 @@ def drift(inv: inventory_mod.Inventory, name: str, stack: str | None,
             finally:
                 out.round_trips = transport.round_trips
     except VigilError as exc:
-        out.error = str(exc)
+        out.error, out.exit_code = str(exc), int(exc.exit_code)
         return out
     finally:
         out.seconds = round(time.monotonic() - started, 3)
@@ -126,14 +128,15 @@ def check(c: Context, hosts: str = "all", stack: str | None = None,
         d = results[n]
         head = f"{n:<{width}}  {d.stack:<24} {d.seconds:6.2f} s  "
         if d.error:
-            echo(head + f"unreachable: {d.error.splitlines()[0]}", file=out)
+            echo(head + f"{_drift_word(d)}  {d.error.splitlines()[0]}", file=out)
         elif d.ok:
             echo(head + f"ok  {d.current}", file=out)
         else:
             echo(head + f"DRIFT  {d.current}", file=out)
             for p in d.problems:
                 echo(f"{'':<{width}}    {p}", file=out)
-    code = 0 if all(d.ok for d in results.values()) else int(ExitCode.FAILED)
+    code = worst_code([d.exit_code or (0 if d.ok else ExitCode.FAILED)
+                       for d in results.values()])
     emit_json(c, json, {"ok": code == 0, "exit_code": code, "hosts": {
         n: {"result": _drift_word(results[n]), **asdict(results[n])} for n in names}})
     if code:
@@ -141,7 +144,8 @@ def check(c: Context, hosts: str = "all", stack: str | None = None,
 
 
 def _drift_word(d: Drift) -> str:
-    return "unreachable" if d.error else "ok" if d.ok else "DRIFT"
+    return failed_word(d.exit_code or ExitCode.FAILED) if d.error else "ok" if d.ok \
+        else "DRIFT"
 
 
 # -- preflight ------------------------------------------------------------------------
@@ -210,7 +214,7 @@ def preflight(c: Context, model: str | None = None, hosts: str = "all",
         emit_json(c, json, {"ok": False, "exit_code": int(exc.exit_code), "error": str(exc),
                             "hosts": {}})
         raise Exit(code=int(exc.exit_code)) from None
-    reports: dict[str, tuple[list[str], list[VigilError], str | None]] = {}
+    reports: dict[str, tuple[list[str], list[VigilError], VigilError | None]] = {}
 
     def work(name: str) -> None:
         t = next(x for x in targets if x.name == name)
@@ -218,32 +222,33 @@ def preflight(c: Context, model: str | None = None, hosts: str = "all",
             with connect(t.name, t.vars) as transport:
                 facts = deploy_mod.gather(transport, t)
         except VigilError as exc:
-            reports[name] = ([], [], str(exc))
+            reports[name] = ([], [], exc)
             return
         found = problems(t.name, t.profile, t.rendered, facts, kill_stale=kill_stale,
                          stack=t.stack, policy=GpuPolicy.of(t.vars))
         reports[name] = (_facts_lines(t, facts), found, None)
 
     parallel([t.name for t in targets], work)
-    code = 0
+    codes: list[int] = []
     hosts_json: dict[str, Any] = {}
     for t in targets:
         lines, found, error = reports[t.name]
-        word = "UNREACHABLE" if error else "NO-GO" if found else "GO"
+        word = failed_word(int(error.exit_code)) if error else "NO-GO" if found else "GO"
         hosts_json[t.name] = {
             "result": word, "profile": t.profile.name, "stack": t.stack.name,
-            "facts": lines, "error": error,
+            "facts": lines, "error": None if error is None else str(error),
             "refusals": [{"message": str(r), "exit_code": int(r.exit_code)} for r in found]}
         if error:
-            echo(f"{t.name}: UNREACHABLE  {error}", file=out)
-            code = max(code, int(ExitCode.FAILED))
+            echo(f"{t.name}: {word}  {error}", file=out)
+            codes.append(int(error.exit_code))
             continue
         echo(f"{t.name}: {word}  ({t.profile.name} on {t.stack.name})", file=out)
         for line in lines:
             echo(f"  {line}", file=out)
         for refusal in found:
             echo("  refused: " + str(refusal).replace("\n", "\n    "), file=out)
-            code = max(code, int(refusal.exit_code))
+            codes.append(int(refusal.exit_code))
+    code = worst_code(codes)
     emit_json(c, json, {"ok": code == 0, "exit_code": code, "hosts": hosts_json})
     if code:
         raise Exit(code=code)

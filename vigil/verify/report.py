@@ -22,7 +22,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from vigil.report import safe_text, write_text, xml_document
+from vigil.report import failed_word, safe_text, write_text, xml_document
 from vigil.verify import catalog, reducer
 from vigil.verify.budgets import Budgets
 from vigil.verify.snapshot import Snapshot
@@ -218,21 +218,22 @@ def write_junit(path: str, outcomes: list[Outcome]) -> None:
 
 def summary(outcomes: list[Outcome]) -> str:
     width = max([8, *(len(o.host) for o in outcomes)])
-    lines = [f"{'HOST':<{width}}  {'VERDICT':<10} {'TIME':>8}  DETAIL"]
+    lines = [f"{'HOST':<{width}}  {'VERDICT':<11} {'TIME':>8}  DETAIL"]
     for o in outcomes:
         if o.error is not None or o.state is None:
-            verdict, detail = "error", (o.error or "").splitlines()[0] if o.error else ""
+            verdict = failed_word(o.exit_code, "error")
+            detail = (o.error or "").splitlines()[0] if o.error else ""
         else:
             verdict = o.state.verdict or "?"
             detail = o.state.proof or ""
             if o.state.cause:
                 detail = f"{o.state.cause}: {detail}"
             if o.state.remedy:
-                detail += f"\n{'':<{width + 22}}fix: {o.state.remedy}"
+                detail += f"\n{'':<{width + 23}}fix: {o.state.remedy}"
             if o.smoke is not None and o.smoke.ok:
                 detail += (f" (TTFT {o.smoke.ttft_s or 0:.2f} s, "
                            f"{o.smoke.tokens_per_s or 0:.1f} tok/s)")
-        lines.append(f"{o.host:<{width}}  {verdict:<10} {o.seconds:>7.1f}s  {detail}")
+        lines.append(f"{o.host:<{width}}  {verdict:<11} {o.seconds:>7.1f}s  {detail}")
     return "\n".join(lines)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from vigil.errors import HostError, VigilError
-from vigil.exitcodes import VERDICT_EXIT, ExitCode
+from vigil.exitcodes import SEVERITY, VERDICT_EXIT, ExitCode
 from vigil.transport.remote import call_with
 from vigil.transport.ssh import Transport, connect, privileged
 from vigil.verify import history, reducer, smoke, systemd
@@ -427,12 +427,9 @@ def verify_all(
 
 def worst_exit(outcomes: list[Outcome]) -> int:
     """The run's exit code: bad input first, then the worst verdict (timed out > stalled >
-    crashed > stopped), then a lost host."""
+    crashed > stopped), then a lost host (unreachable before any other failure)."""
     codes = {o.exit_code for o in outcomes}
-    for code in (2, 5, 4, 3, 6, 1):
-        if code in codes:
-            return code
-    return 0
+    return next((int(code) for code in SEVERITY if code in codes), 0)
 
 
 def watch_service(
