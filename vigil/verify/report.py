@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from vigil.report import failed_word, safe_text, write_text, xml_document
-from vigil.verify import catalog, reducer
+from vigil.verify import catalog, compile_cache, reducer
 from vigil.verify.budgets import Budgets
 from vigil.verify.snapshot import Snapshot
 from vigil.verify.watch import Outcome
@@ -176,6 +176,8 @@ def outcome_json(o: Outcome) -> dict[str, Any]:
         "round_trips": o.round_trips,
         "seconds": o.seconds,
     })
+    if o.compile_cache is not None:  # with the comparison against history
+        rep["compile_cache"] = o.compile_cache.to_json()
     return rep
 
 
@@ -216,6 +218,17 @@ def write_junit(path: str, outcomes: list[Outcome]) -> None:
     write_text(path, junit_xml(outcomes))
 
 
+def outcome_cache(o: Outcome) -> compile_cache.CompileCache | None:
+    """The outcome's compile cache: the watch's (compared with history), else the start's
+    own evidence alone."""
+    if o.compile_cache is not None:
+        return o.compile_cache
+    if o.state is None:
+        return None
+    return compile_cache.judge(o.state.compile_cache,
+                               reducer.phase_durations(o.state).get("compiling"))
+
+
 def summary(outcomes: list[Outcome]) -> str:
     width = max([8, *(len(o.host) for o in outcomes)])
     lines = [f"{'HOST':<{width}}  {'VERDICT':<11} {'TIME':>8}  DETAIL"]
@@ -233,6 +246,9 @@ def summary(outcomes: list[Outcome]) -> str:
             if o.smoke is not None and o.smoke.ok:
                 detail += (f" (TTFT {o.smoke.ttft_s or 0:.2f} s, "
                            f"{o.smoke.tokens_per_s or 0:.1f} tok/s)")
+            cc = outcome_cache(o)
+            if cc is not None:
+                detail += f"\n{'':<{width + 23}}{cc.line()}"
         lines.append(f"{o.host:<{width}}  {verdict:<11} {o.seconds:>7.1f}s  {detail}")
     return "\n".join(lines)
 
@@ -243,13 +259,17 @@ def history_table(records: list[Any]) -> str:
         return "no recorded starts (run `invoke verify` or `invoke deploy`)"
     phases = [p for p in reducer.PHASES[:-1]
               if any(p in r.phases_s for r in records)]
-    head = f"{'WHEN (UTC)':<17} {'HOST':<8} {'MODEL':<14} {'CACHE':<5} {'VERDICT':<10}" \
-        + "".join(f"{catalog.PHASE[p].short:>8}" for p in phases) + f"{'TOTAL':>8}  CAUSE"
+    head = f"{'WHEN (UTC)':<17} {'HOST':<8} {'MODEL':<14} {'CACHE':<5} {'COMPILE':<13} " \
+        f"{'VERDICT':<10}" + "".join(f"{catalog.PHASE[p].short:>8}" for p in phases) \
+        + f"{'TOTAL':>8}  CAUSE"
     lines = [head]
     for r in records:
         when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(r.started_at))
         cols = "".join(f"{r.phases_s[p]:>8.1f}" if p in r.phases_s else f"{'-':>8}"
                        for p in phases)
+        cc = compile_cache.from_record(r.compile_cache)
+        why = f"  compile cache: {cc.reason}" if cc is not None and cc.reason else ""
         lines.append(f"{when:<17} {r.host:<8} {r.key.model[:14]:<14} {r.key.cache:<5} "
-                     f"{r.verdict:<10}{cols}{r.total_s:>8.1f}  {r.cause or ''}")
+                     f"{compile_cache.summary_cell(r.compile_cache):<13} "
+                     f"{r.verdict:<10}{cols}{r.total_s:>8.1f}  {r.cause or ''}{why}")
     return "\n".join(lines)

@@ -24,7 +24,7 @@ from vigil.errors import HostError, VigilError
 from vigil.exitcodes import SEVERITY, VERDICT_EXIT, ExitCode
 from vigil.transport.remote import call_with
 from vigil.transport.ssh import Transport, connect, privileged
-from vigil.verify import history, reducer, smoke, systemd
+from vigil.verify import compile_cache, history, reducer, smoke, systemd
 from vigil.verify.budgets import (
     MIN_SAMPLES,
     BudgetKey,
@@ -232,6 +232,8 @@ class Outcome:
     smoke: Smoke | None = None
     streamed: bool = False  # the watch ran on the stream (not polling, not fallen back)
     stream_pids: list[int] = field(default_factory=list)  # the stream's processes on the host
+    # hit / miss / partial, from the start's evidence, and for a miss why (vs history)
+    compile_cache: compile_cache.CompileCache | None = None
 
     @property
     def verdict(self) -> str | None:
@@ -344,7 +346,8 @@ def _verify_on(t: Target, transport: Transport, settings: Settings, state_dir: P
         key = history.budget_key(t.vars, t.profile, t.stack, t.rendered,
                                  "warm" if cold_warm == "warm" else "cold", cores)
         gpu_count = t.vars.gpu.count if t.vars.gpu is not None else 1
-        plan = plan_budgets(mirror.records(), key,
+        past = mirror.records()
+        plan = plan_budgets(past, key,
                             weights_gib_per_gpu=t.profile.weights_gib_per_gpu,
                             gpu_count=max(gpu_count, 1), min_samples=settings.min_samples,
                             defaults=phase_defaults(t.vars.phase_budget_s,
@@ -386,6 +389,7 @@ def _verify_on(t: Target, transport: Transport, settings: Settings, state_dir: P
                 out.streamed = streamer.fallback is None
         out.state = state
         out.smoke = smokes[-1] if smokes else None
+        out.compile_cache = _compile_cache(t, key, first, state, past)
         out.exit_code = int(VERDICT_EXIT.get(state.verdict or "", ExitCode.FAILED))
         if out.observed_start and state.started_at is not None:
             rec = HistoryRecord(
@@ -395,6 +399,7 @@ def _verify_on(t: Target, transport: Transport, settings: Settings, state_dir: P
                 cause=state.cause, host=t.name,
                 quiet_s={k: round(v, 3) for k, v in state.quiet_s.items()},
                 weights_gib_per_gpu=t.profile.weights_gib_per_gpu, gpu_count=gpu_count,
+                compile_cache=out.compile_cache.to_record(),
             )
             history.append_host(transport, t.vars, rec)
             mirror.add([rec])
@@ -409,6 +414,24 @@ def _verify_on(t: Target, transport: Transport, settings: Settings, state_dir: P
     except ValueError as exc:  # the probe's output was not a snapshot
         out.error = f"{t.name}: {exc}"
         out.exit_code = int(ExitCode.FAILED)
+
+
+def _compile_cache(t: Target, key: BudgetKey, first: Snapshot, state: reducer.WatchState,
+                   past: list[HistoryRecord]) -> compile_cache.CompileCache:
+    """The start's compile cache: its own evidence, the factors of its key (the rendered
+    flags and variables, the stack, the GPUs), compared with the last start of this host
+    and model that left a cache."""
+    gpus = first.gpus
+    names = [g.name for g in gpus.devices] if gpus is not None and gpus.error is None else []
+    factors = compile_cache.factors_of(
+        argv=t.rendered.argv, env=t.rendered.env, secret_names=t.rendered.secret_names,
+        stack=key.stack, hardware=key.hardware, gpus=names,
+        version=state.compile_cache.version)
+    previous = compile_cache.reference(past, host=t.name, model=key.model,
+                                       hardware=key.hardware, before=state.started_at)
+    return compile_cache.judge(state.compile_cache,
+                               reducer.phase_durations(state).get("compiling"),
+                               factors=factors, previous=previous)
 
 
 def verify_all(
