@@ -871,7 +871,8 @@ def test_a16_killed_sshd_session_mid_deploy_stops_it_and_the_waiting_deploy_goes
         result = deploy_host(first, opts, Log(first_log))
     finally:
         first_done.set()
-    assert killed.exists(), first_log.getvalue()
+    assert killed.exists(), (f"first deploy:\n{first_log.getvalue()}\nsecond deploy:\n"
+                             f"{second_log.getvalue()}")
     assert killed.read_text().split(), killed.read_text()  # at least one sshd process
     assert result.status == "failed", first_log.getvalue()
     assert result.error is not None and "lost the deploy lock" in result.error
