@@ -88,6 +88,29 @@ with (HERE14 / "HARVEST14.tsv").open() as _fh:
     HARVEST14 = [{**r, "file": str(HERE14 / r["file"])}
                  for r in csv.DictReader(_fh, delimiter="\t")]
 ALL += HARVEST14
+# Several starts in one log and dying after ready (issue 24.5-6): 4/12 and 1/3 held out
+# before the start splitter and the after-ready rules, 12/12 and 3/3 after.
+HERE15 = Path(__file__).parent / "fixtures" / "real-logs-15"
+
+
+def _rows15(name: str) -> list[dict[str, str]]:
+    with (HERE15 / name).open() as fh:
+        return [{**r, "file": str(HERE15 / r["file"])} for r in csv.DictReader(fh, delimiter="\t")]
+
+
+HARVEST15 = _rows15("HARVEST15.tsv")
+HELDOUT15 = _rows15("HELDOUT15.tsv")
+ALL += HARVEST15 + HELDOUT15
+# The logs of HARVEST15/HELDOUT15 that hold several starts, and how many.
+SEVERAL_STARTS = {
+    "clawd-v0151-systemd-kv-cache-small-then-restart-ready.log": 2,
+    "clawd-v0151-systemd-gpu-held-restart-loop-last-just-started.log": 3,
+    "clawd-systemd-203-exec-restart-loop-stop-then-start.log": 51,
+    "imageworks-v0102-nohup-gpu-held-relaunch-ready-stopped.log": 2,
+    "gemma4-neuron-v0160-docker-restart-loop-keyerror-x5.log": 6,
+    "vllm-11834-v064-k8s-serving-shutdown-then-restart.log": 2,
+    "gemma4-neuron-v0160-ready-oob-fatal-then-container-restart.log": 2,
+}
 # Known phase misses: the log itself does not show the phase the thread names.
 PHASE_NOT_IN_LOG = {
     "vllm-11485-v0-determine-blocks-no-kernel-image.log",  # method name only in the title
@@ -173,6 +196,10 @@ HARVEST_FLOORS = [
     pytest.param(HARVEST13, 8, id="HARVEST13"),
     # 1/2 before the rendezvous-timeout cause; 2/2 after
     pytest.param(HARVEST14, 2, id="HARVEST14"),
+    # 4/12 before the start splitter and the after-ready rules; 12/12 after
+    pytest.param(HARVEST15, 12, id="HARVEST15"),
+    # 1/3 held out (never tuned on); 3/3 after HARVEST15's rules
+    pytest.param(HELDOUT15, 3, id="HELDOUT15"),
 ]
 
 
@@ -191,6 +218,22 @@ def test_the_twelfth_harvest_is_listed_once_with_its_sources() -> None:
         assert r["issue_url"].startswith("https://github.com/"), r["file"]
     assert {p.name for p in HERE13.glob("*.log")} == {Path(r["file"]).name for r in HARVEST13}
     assert {p.name for p in HERE14.glob("*.log")} == {Path(r["file"]).name for r in HARVEST14}
+
+
+def test_the_fifteenth_harvest_is_listed_once_with_its_sources() -> None:
+    files = [Path(r["file"]).name for r in HARVEST15 + HELDOUT15]
+    assert len(files) == len(set(files)) == 15
+    assert len(HELDOUT15) * 5 >= len(files)  # a fifth held out
+    assert {p.name for p in HERE15.glob("*.log")} == set(files)
+    for r in HARVEST15 + HELDOUT15:
+        assert r["issue_url"].startswith("https://github.com/"), r["file"]
+
+
+@pytest.mark.parametrize("name", sorted(SEVERAL_STARTS))
+def test_each_start_of_a_log_is_an_attempt(name: str) -> None:
+    out = replay.replay_file(HERE15 / name)
+    assert out["attempts_total"] == SEVERAL_STARTS[name]
+    assert len(out["attempts"]) == min(SEVERAL_STARTS[name] - 1, 20)
 
 
 def test_no_real_log_times_out() -> None:

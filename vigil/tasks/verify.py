@@ -29,6 +29,7 @@ from vigil.tasks.common import (
     vigil_task,
     watch_settings,
 )
+from vigil.verify import attempts as attempts_mod
 from vigil.verify import history as history_mod
 from vigil.verify import html as verify_html
 from vigil.verify import replay as replay_mod
@@ -141,3 +142,8 @@ def _replay_text(out: dict[str, Any], stream: TextIO) -> None:
     for key in ("proof", "remedy", "evidence", "note"):
         if out.get(key):
             echo(f"{key}: {out[key]}", file=stream)
+    earlier = attempts_mod.summary_line(out)
+    if earlier:
+        echo(earlier, file=stream)
+    if out.get("compile_cache"):
+        echo(out["compile_cache"]["line"], file=stream)

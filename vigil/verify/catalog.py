@@ -762,6 +762,8 @@ CAUSES: tuple[Cause, ...] = (
         "engine_dead",
         (r"EngineDeadError|EngineCore encountered a fatal error|Worker proc \S+ died "
          r"unexpectedly|WorkerProc hit an exception|Worker failed with error"
+         # V1 core_client's engine monitor (0.10+): the engine core's process is gone
+         r"|Engine core proc \S+ died unexpectedly"
          r"|AsyncEngineDeadError|Background loop has errored already"
          # V0 multiprocessing front end (0.6 → 0.8)
          r"|Engine process \(pid \d+\) died|MQLLMEngine is already dead"
@@ -800,6 +802,9 @@ CAUSES: tuple[Cause, ...] = (
          r"|terminate called after throwing an instance of"
          # the executor/core client relaying a worker's SIGUSR1 (0.8+)
          r"|[Gg]ot fatal signal from worker processes"
+         # V1 EngineCore/MultiprocExecutor once the executor is failed (a worker died,
+         # its monitor said so first): `raise RuntimeError("Executor failed.")`, 0.9+
+         r"|^(?:RuntimeError: )?Executor failed\.$"
          # V0 multiprocessing front end (0.6 → 0.8)
          r"|Engine process failed to start"
          # a V0 worker wrapper logging a failed method before re-raising it (0.4 → 0.8):
@@ -866,7 +871,17 @@ _SERVING = re.compile(
     r'"(?:GET|POST|PUT|DELETE|HEAD|OPTIONS|PATCH) /\S* HTTP/[\d.]+" \d{3}'
     r"|Avg prompt throughput: [0-9.]+ tokens/s"
     r"|Uvicorn running on (?:http|unix)"
-    r"|Engine \d+: Avg prompt throughput")
+    r"|Engine \d+: Avg prompt throughput"
+    # an offline harness: `vllm bench throughput`'s result (LLM's own progress bar is
+    # _OFFLINE_BAR)
+    r"|Throughput: [0-9.]+ requests/s, [0-9.]+ (?:total )?tokens/s")
+# An offline harness's progress (entrypoints/llm.py, 0.1 → 0.33): "Adding requests" while
+# a batch is queued (0.8+), then "Processed prompts" counting finished requests. One
+# finished request is serving evidence; a bar at N/N says the batch is done (the engine
+# idle until the next one).
+_OFFLINE_BAR = re.compile(
+    r"(?P<bar>Processed prompts|Adding requests): {0,3}\d{1,3}%\|[^|]{0,80}\| {0,3}"
+    r"(?P<done>\d{1,10})/(?P<total>\d{1,10})")
 # An orderly stop. Its trigger: someone asked (systemd's stop job — "Stopping X"; systemd
 # prints "Stopped X" on an automatic restart after a crash too —, a signal, Ctrl-C).
 _STOP_TRIGGER = re.compile(
@@ -880,7 +895,11 @@ _CHILD_PROC = re.compile(r"^(?:EngineCore|Worker|VllmWorker|RayWorker)", re.IGNO
 # proc(s)"), so on its own it is a stop only if no failure follows.
 _STOP_TEARDOWN = re.compile(
     r"^INFO:\s+Shutting down$|^Shutting down$|Waiting for application shutdown"
-    r"|Shutting down FastAPI HTTP server|\[shutdown\]")
+    r"|Shutting down FastAPI HTTP server|\[shutdown\]"
+    # the engine core honouring a shutdown request (core.py, 0.2x), and torch's
+    # ProcessGroupNCCL destructor when the process exits without destroy_process_group
+    r"|^Shutdown initiated \(timeout=\d+\)"
+    r"|destroy_process_group\(\) was not called before program exit")
 _NOISE = re.compile(r"No available shared memory broadcast block found in (?P<seconds>\d+) second")
 # A KV budget of nothing: vLLM raises "No available memory for the cache blocks" right
 # after logging it (V1 check_enough_kv_cache_memory when available_memory <= 0, after
@@ -1155,6 +1174,14 @@ def classify(text: str) -> Match:
                     "marker", line, phase=phase.name, edge=marker.edge, marker=marker.name,
                     values=_floats(mm.groupdict()), reached=phase.name,
                 )
+    bar = _OFFLINE_BAR.search(msg) if "%|" in msg else None
+    if bar:  # an offline batch: how many of how many are done ("Adding": none yet)
+        done = int(bar.group("done")) if bar.group("bar") == "Processed prompts" else 0
+        values = {"done": float(done), "total": float(bar.group("total"))}
+        if done:
+            return Match("serving", line, reached="ready", marker="offline_batch",
+                         values=values)
+        return Match("other", line, reached=reached, marker="offline_batch", values=values)
     if _SERVING.search(msg):
         return Match("serving", line, reached="ready")
     if _STOP_TRIGGER.search(msg) or exc_type in ("KeyboardInterrupt",):
@@ -1164,6 +1191,57 @@ def classify(text: str) -> Match:
     if _STOP_TEARDOWN.search(msg):
         return Match("stop", line, reached=reached, stop="teardown")
     return Match("other", line, reached=reached)
+
+
+# Where one start of vLLM begins, in the order a start prints them (a restart's lines
+# come in this order too): systemd scheduling the restart, systemd starting the unit,
+# vLLM's version line (≤0.13 "vLLM API server version X", later the logo's "version X"
+# or "vLLM server version X, serving model M": log_version_and_model, once per start) and
+# its arguments (≤0.8 "args: Namespace(…)", later "non-default args: {…}" from
+# log_non_default_args, which the offline LLM class calls too).
+START_KINDS: tuple[str, ...] = ("scheduled", "starting", "started", "version", "args")
+_SYSTEMD_SCHEDULED = re.compile(
+    r"^(?P<unit>[\w@.:\\-]{1,200}?)(?:\.service)?: Scheduled restart job, "
+    r"restart counter is at \d+")
+# systemd's own start lines, which name the unit since v249 ("Started vllm.service -
+# vLLM server."; before, only its description, and vLLM's version line marks the start):
+# never vLLM's "Starting to load model" (a vLLM line has a level and a source), uvicorn's
+# "Started server process [N]" or a wrapper's "Starting vLLM...".
+_SYSTEMD_START = re.compile(
+    r"^(?P<what>Starting|Started) (?P<unit>[\w@.:\\-]{1,200}?)(?:\.service\b|(?= |\.{0,3}$))")
+_VERSION_LINE = re.compile(r"vLLM (?:API )?server version \S|^[^a-zA-Z]{0,80}version \d+\.\d+")
+_ARGS_LINE = re.compile(r"^(?:non-default args: \{|args: Namespace\()")
+
+
+@dataclass(frozen=True)
+class StartLine:
+    """A line that begins a start: its kind (START_KINDS) and, for systemd's lines, the
+    unit or description it names."""
+
+    kind: str
+    unit: str | None = None
+
+
+def start_line(text: str) -> StartLine | None:
+    """The start banner this raw line is, if any (cheap for every other line)."""
+    if "version" not in text and "args" not in text and "Start" not in text \
+            and "Scheduled restart" not in text:
+        return None
+    line = parse_line(text)
+    msg = line.message
+    if line.level is None and line.source is None and line.proc is None:
+        m = _SYSTEMD_SCHEDULED.match(msg)
+        if m:
+            return StartLine("scheduled", m.group("unit"))
+        m = _SYSTEMD_START.match(msg)
+        if m and ".service" in msg:
+            return StartLine("starting" if m.group("what") == "Starting" else "started",
+                             m.group("unit"))
+    if _ARGS_LINE.match(msg):
+        return StartLine("args")
+    if _VERSION_LINE.search(msg):
+        return StartLine("version")
+    return None
 
 
 def phase_index(phase: str) -> int:

@@ -45,6 +45,8 @@ from dataclasses import dataclass, field, replace
 
 from vigil.verify import catalog
 from vigil.verify.budgets import Budgets
+from vigil.verify.compile_cache import CacheEvidence, judge
+from vigil.verify.compile_cache import fold as fold_cache
 from vigil.verify.snapshot import Smoke, Snapshot, Unit
 
 PHASES = catalog.PHASES
@@ -153,6 +155,9 @@ class WatchState:
     startup_complete_at: float | None = None
     serving_at: float | None = None  # requests answered, throughput stats, uvicorn bound
     serving_line: str = ""
+    # an offline harness's last batch finished (its progress bar at N/N), nothing asked
+    # since: the engine is idle and the harness may be exiting
+    offline_idle_at: float | None = None
     stop_at: float | None = None  # an orderly stop began (systemd stop job, SIGTERM, …)
     stop_line: str = ""
     stop_asked: bool = False  # a stop's trigger seen (not only vLLM's own teardown lines)
@@ -182,6 +187,8 @@ class WatchState:
     remedy: str | None = None
     summary: str = ""
     polls: int = 0
+    # vLLM's compile-cache lines and the cache's size, for compile_cache.assess
+    compile_cache: CacheEvidence = field(default_factory=CacheEvidence)
 
     @property
     def phase(self) -> str:
@@ -497,6 +504,16 @@ def _fold_lines(st: WatchState, snap: Snapshot, now: float) -> tuple[_Fold, Watc
             f.st = replace(f.st, hints=(*f.st.hints, Fatal(
                 m.cause, entry.text.strip()[:2000], m.remedy or "", "hint", t,
                 after_stop=f.st.stop_asked)))
+        if m.marker == "offline_batch":
+            idle = t if m.values.get("done", 0) >= m.values.get("total", 1) else None
+            f.st = replace(f.st, offline_idle_at=idle)
+        if m.kind == "fatal" and m.cause is not None and m.role == "symptom" \
+                and m.cause in _TEARDOWN_CAUSES and f.st.offline_idle_at is not None:
+            # An offline harness exiting with its work done: its engine core goes with
+            # the interpreter, and V1's engine monitor logs it as "died unexpectedly"
+            # (vLLM 0.10 → 0.17; #36270 and #41507 silence it). The harness's stop.
+            f.st = replace(f.st, stop_at=f.st.stop_at if f.st.stop_at is not None else t,
+                           stop_line=f.st.stop_line or entry.text.strip()[:200])
         if m.kind == "fatal" and m.cause is not None:
             rank = "exception" if (m.role == "root" and m.cause == "unknown") else (
                 m.role or "chain")
@@ -510,6 +527,8 @@ def _fold_lines(st: WatchState, snap: Snapshot, now: float) -> tuple[_Fold, Watc
         if m.kind == "serving":
             if f.st.serving_at is None:
                 f.st = replace(f.st, serving_at=t, serving_line=m.line.message[:200])
+            if m.marker is None and f.st.offline_idle_at is not None:
+                f.st = replace(f.st, offline_idle_at=None)  # a server, not a harness
             continue
         if m.kind == "stop":
             # The previous run's stop (a restart's "Stopping …" before this start) is not
@@ -562,6 +581,7 @@ def step(
         if unit_start is not None and 0 < now - unit_start < 86400:
             started = unit_start
     st = replace(state, started_at=started, now=now, polls=state.polls + 1)
+    st = replace(st, compile_cache=fold_cache(st.compile_cache, snap, started))
     if not st.spans:
         st = replace(st, spans=(PhaseSpan("bootstrap", started),), last_progress_at=now)
 
@@ -673,6 +693,9 @@ def _stop(st: WatchState, snap: Snapshot, now: float, *, dead: bool,
     wins: vLLM stops itself after a fatal error (SIGTERM to its own PID). vLLM's teardown
     lines with no trigger seen are a stop only if no failure follows: from a log, none in
     the rest of it; live, none by SETTLE_S after the unit is seen dead."""
+    if log_only and st.serving_at is not None and st.stop_at is not None \
+            and st.serving_at <= st.stop_at:
+        return None  # it served, then stopped (one second of a log): ready, then stopped
     if st.stop_at is not None and all(f.after_stop for f in st.fatal) and (
             st.stop_asked or log_only or (dead and now - st.stop_at >= SETTLE_S)):
         return f"stopped: {st.stop_line}"
@@ -822,6 +845,10 @@ def _ready_from_log(st: WatchState, budgets: Budgets) -> WatchState:
         at = st.startup_complete_at if st.startup_complete_at is not None else st.now or 0.0
         proof = "Application startup complete. (from the log only: /health and a " \
             "completion were not observed)"
+    if st.stop_at is not None:  # it stopped in the same second it served (a harness exits)
+        st = replace(st, warnings=(*st.warnings, f"ready, then stopped at "
+                                   f"{_mmss(st.stop_at - (st.started_at or st.stop_at))}: "
+                                   f"{st.stop_line}"))
     return _finish(st, "ready", None, proof, None, at, budgets)
 
 
@@ -888,4 +915,6 @@ def report(state: WatchState) -> dict[str, object]:
         "stopped_at": state.stop_at,
         "warnings": list(state.warnings),
         "quiet_s": dict(state.quiet_s),
+        "compile_cache": judge(
+            state.compile_cache, phase_durations(state).get("compiling")).to_json(),
     }

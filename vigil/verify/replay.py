@@ -28,6 +28,7 @@ from typing import Any
 from vigil.errors import ConfigError
 from vigil.exitcodes import VERDICT_EXIT, ExitCode
 from vigil.verify import reducer
+from vigil.verify.attempts import run as run_attempts
 from vigil.verify.budgets import Budgets
 from vigil.verify.snapshot import Journal, LogLine, Snapshot
 
@@ -413,13 +414,15 @@ def replay_run(
     log_only = kind != "trace"
     kept: list[Snapshot] = []
     counted = _Counted(snapshots, kept if keep else None)
-    state = run(counted, budgets, log_only=log_only)
+    got = run_attempts(counted, budgets, log_only=log_only)
+    state = got.state
     if counted.n == 0:
         raise ConfigError("no log lines in the file", file=file,
                           fix="pass a trace (JSONL) or a vLLM log / journal dump")
     out: dict[str, Any] = dict(reducer.report(state))
     out["source"] = kind
     out["snapshots"] = counted.n
+    out.update(got.report())  # the earlier starts, each with its own verdict
     out["ignored"] = ignored(snapshots)
     # the exit code verify would end with (a verdict not final yet, or none: 0)
     out["exit_code"] = int(VERDICT_EXIT.get(state.verdict or "", ExitCode.OK))
@@ -432,6 +435,10 @@ def replay_run(
         out["note"] = (f"the input ends in phase {state.phase} without a final verdict"
                        + ("; /health was 200 but no completion was recorded"
                           if state.health_ok else ""))
+    if got.total > 1:
+        out["note"] = (f"the log holds {got.total} starts: the verdict is the last one's, "
+                       "the earlier ones are in attempts" + (
+                           f"; {out['note']}" if out.get("note") else ""))
     return Replayed(kind, state, out, kept)
 
 
