@@ -25,6 +25,7 @@ import pytest
 from vigil.deploy.group import order, plan_group, releases, rollback_steps, target_of
 from vigil.desired import groups, inventory
 from vigil.desired.groups import CPU_LAUNCHER, NodeGroup, resolve_group
+from vigil.desired.targets import Target
 from vigil.errors import ConfigError, RefusedError
 from vigil.tasks.group import _group_log
 from vigil.verify import replay
@@ -283,7 +284,6 @@ def test_rollback_leaves_a_node_only_restarted_with_the_group(
     one that ran. The per-host deploy is a stand-in giving each release's result."""
     from vigil.deploy import group as group_mod
     from vigil.deploy.apply import Options
-    from vigil.desired.targets import Target
     from vigil.report import HostResult, Log
 
     g = resolve_group(inventory.load(GOLDEN / "inventory"), "glm-native", operator_env=ENV)
@@ -693,15 +693,10 @@ def test_watch_group_of_ray_waits_for_the_cluster() -> None:
     assert "ray: 1/2 nodes alive" in out.history[0].summary
 
 
-def test_apply_plan_says_what_the_host_completed_before_a_failure(tmp_path: Path) -> None:
-    """The real agent over the local transport: the backup and the env file were done
-    before an action the agent refuses; ``done`` lists them (a group's rollback then
-    knows the release was replaced: HostResult.replaced)."""
+def _local_release(tmp_path: Path) -> tuple[Target, Path]:
+    """A target on this machine (the real agent over the local transport) whose env file
+    holds A=1."""
     from tests.conftest import target_in
-    from vigil.deploy.apply import apply_plan
-    from vigil.deploy.plan import Action, Plan
-    from vigil.errors import HostError
-    from vigil.transport.ssh import LocalTransport
 
     t = target_in(tmp_path, "hosts:\n  h1: {connection: local, model: tiny-cpu, stack: "
                   f"lab-cpu, config_dir: {tmp_path}/etc, unit_dir: {tmp_path}/units, "
@@ -709,6 +704,19 @@ def test_apply_plan_says_what_the_host_completed_before_a_failure(tmp_path: Path
     env = Path(t.rendered.paths.env)
     env.parent.mkdir(parents=True)
     env.write_text("A=1\n")
+    return t, env
+
+
+def test_apply_plan_says_what_the_host_completed_before_a_failure(tmp_path: Path) -> None:
+    """The real agent over the local transport: the backup and the env file were done
+    before an action the agent refuses; ``done`` lists them (a group's rollback then
+    knows the release was replaced: HostResult.replaced)."""
+    from vigil.deploy.apply import apply_plan
+    from vigil.deploy.plan import Action, Plan
+    from vigil.errors import HostError
+    from vigil.transport.ssh import LocalTransport
+
+    t, env = _local_release(tmp_path)
     plan = Plan("h1", (Action("backup", "keep"), Action("write_env", "changed", {
         "content": "A=2\n", "mode": "600"}), Action("bogus", "refused")), True)
     done: list[str] = []
@@ -725,19 +733,13 @@ def test_the_drain_runs_after_the_install_and_right_before_the_restarting_round_
     install left the host out of the pool with its old release serving. The real agent
     over the local transport: a failed install never drains; without an install the
     drain runs before any file of the release is written."""
-    from tests.conftest import target_in
     from vigil.deploy.apply import apply_plan
     from vigil.deploy.plan import Action, Plan
     from vigil.deploy.runtime import install_payload
     from vigil.errors import HostError
     from vigil.transport.ssh import LocalTransport
 
-    t = target_in(tmp_path, "hosts:\n  h1: {connection: local, model: tiny-cpu, stack: "
-                  f"lab-cpu, config_dir: {tmp_path}/etc, unit_dir: {tmp_path}/units, "
-                  f"env_root: {tmp_path}/envs}}\n", "h1")
-    env = Path(t.rendered.paths.env)
-    env.parent.mkdir(parents=True)
-    env.write_text("A=1\n")
+    t, env = _local_release(tmp_path)
     env_dir = f"{tmp_path}/envs/new"
     payload = {**install_payload(t.stack, env_dir, t.rendered.paths.current),
                "python": str(tmp_path / "no-such-python")}
