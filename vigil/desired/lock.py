@@ -14,16 +14,12 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from packaging.version import InvalidVersion, Version
-
+from vigil.desired.stacks import normalize, same_version
 from vigil.errors import ConfigError
 
 _REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;\\]+)")
 _HASH = re.compile(r"--hash=(sha256:[0-9a-f]{64})")
 
-
-def _norm(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 @dataclass(frozen=True)
@@ -68,7 +64,7 @@ def parse(text: str, file: str) -> Lock:
             raise ConfigError(
                 f"line {n}: {line[:80]!r} is not an exact requirement (name==version)",
                 file=file, fix="regenerate it: invoke stack.lock --stack NAME")
-        name = _norm(m.group(1))
+        name = normalize(m.group(1))
         if name in pins:
             raise ConfigError(f"line {n}: {m.group(1)} is locked twice", file=file,
                               fix="regenerate it: invoke stack.lock --stack NAME")
@@ -83,22 +79,16 @@ def parse(text: str, file: str) -> Lock:
     return Lock(text, pins, hashes)
 
 
-def _same(a: str, b: str) -> bool:
-    try:
-        return Version(a) == Version(b)
-    except InvalidVersion:
-        return a == b
-
 
 def stale_pins(lock: Lock, packages: dict[str, str]) -> list[str]:
     """The stack's own pins the lock disagrees with (the stack changed since it was
     locked): each as ``name: stack ==X, lock ==Y``."""
     out = []
     for name, version in packages.items():
-        have = lock.pins.get(_norm(name))
+        have = lock.pins.get(normalize(name))
         if have is None:
             out.append(f"{name}: stack =={version}, not in the lock")
-        elif not _same(have, version):
+        elif not same_version(have, version):
             out.append(f"{name}: stack =={version}, lock =={have}")
     return out
 
@@ -108,13 +98,13 @@ def drift(lock: Lock, installed: dict[str, str],
     """Packages of an environment that differ from its lock: (name, locked, installed or
     None), the stack's removals excepted; a package the lock does not list is (name, '',
     version)."""
-    gone = {_norm(n) for n in removed}
+    gone = {normalize(n) for n in removed}
     out: list[tuple[str, str, str | None]] = []
     for name, version in sorted(lock.pins.items()):
         if name in gone:
             continue
         have = installed.get(name)
-        if have is None or not _same(have, version):
+        if have is None or not same_version(have, version):
             out.append((name, version, have))
     for name, have in sorted(installed.items()):
         if name not in lock.pins and name not in gone and name not in _TOOLING:

@@ -55,7 +55,8 @@ def _install(pip: str, requirement: str) -> str:
     return f"{pip} install {shlex.quote(requirement)}"
 
 
-def _same(a: str, b: str) -> bool:
+def same_version(a: str, b: str) -> bool:
+    """Equal as versions (2.10 == 2.10.0); as text where one is not a version."""
     try:
         return Version(a) == Version(b)
     except InvalidVersion:
@@ -66,7 +67,7 @@ def check_pins(stack: Stack, installed: dict[str, str], pip: str = "pip") -> lis
     found: list[Finding] = []
     for name, version in stack.packages.items():
         have = installed.get(normalize(name))
-        if have is None or not _same(have, version):
+        if have is None or not same_version(have, version):
             found.append(Finding(name, have, "pin", f"pinned =={version}",
                                  _install(pip, f"{name}=={version}")))
     for name in stack.remove:
@@ -101,7 +102,7 @@ def check_rules(
                                      _install(pip, f"{name}=={want}")))
     for req in stack.rules.requires:
         base = installed.get(normalize(req.package))
-        if base is None or (req.version is not None and not _same(base, req.version)):
+        if base is None or (req.version is not None and not same_version(base, req.version)):
             continue
         rule = f"requires({req.package} {req.version or '*'} -> " + ", ".join(
             f"{n}{s if s[:1] in '=<>!~' else '==' + s}" for n, s in req.needs.items()) + ")"
