@@ -9,7 +9,8 @@ Safe because nothing writes into an installed environment in place: pip and uv r
 a file by unlinking it and writing a new one, which leaves the other hosts' links alone.
 Only files of ``MIN_SIZE`` or more are considered (87% of an environment's bytes in a
 fraction of its files); a file is linked only to one of the same size, content, mode and
-owner. Hashes are kept by inode in ``dedupe.json`` so each new file is read once.
+owner, and never a log (written in place). Hashes are kept by inode in ``dedupe.json``
+so each new file is read once.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from collections import defaultdict
 from pathlib import Path
 
 MIN_SIZE = 64 * 1024
+# Written in place (appended to by the installer, or by the agent's next install of the
+# same environment): one inode would make every host's copy show the last writer's lines.
+IN_PLACE = (".log",)
 INDEX = "dedupe.json"
 
 
@@ -32,6 +36,8 @@ def _files(roots: list[Path]) -> dict[int, list[tuple[str, os.stat_result]]]:
     for root in roots:
         for top, _dirs, names in os.walk(root):
             for name in names:
+                if name.endswith(IN_PLACE):
+                    continue
                 path = os.path.join(top, name)
                 with contextlib.suppress(OSError):
                     st = os.lstat(path)

@@ -57,6 +57,15 @@ def test_a_host_replacing_its_copy_leaves_the_other_hosts_alone(tmp_path: Path) 
     assert (lab / "hosts/lab2/opt-vigil/envs/e/lib/libtorch.so").read_bytes() == b"t" * BIG * 2
 
 
+def test_install_logs_are_never_linked(tmp_path: Path) -> None:
+    # the installer appends to its log in place: one inode would give every host the
+    # last writer's log (a CI run read lab3's "with uv" in lab4's pip install log)
+    logs = [_file(tmp_path / f"hosts/{h}/opt-vigil/envs/e.install.log", b"l" * BIG * 2)
+            for h in ("lab1", "lab2")]
+    assert dedupe.link_identical(dedupe.env_roots(tmp_path), tmp_path / dedupe.INDEX) == 0
+    assert os.stat(logs[0]).st_ino != os.stat(logs[1]).st_ino
+
+
 def test_no_lab_yet_is_nothing_to_do(tmp_path: Path) -> None:
     assert dedupe.env_roots(tmp_path) == []
     assert dedupe.link_identical([], tmp_path / dedupe.INDEX) == 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import zipfile
@@ -177,6 +178,28 @@ def test_agent_install_that_cannot_resolve_leaves_nothing(tmp_path: Path, wheels
     assert not reply["ok"] and "exit 1" in reply["error"]
     assert "vllm==9.9.9" in reply["tail"]
     assert not env_dir.exists()
+
+
+def test_agent_install_log_is_a_new_file_never_the_old_one_written_through(
+        tmp_path: Path, wheels: Path) -> None:
+    # a link left at the log's path (one inode with another log, or planted) is replaced,
+    # not written through: the other file keeps its own lines
+    env_dir = tmp_path / "envs" / "t-abc"
+    env_dir.parent.mkdir(parents=True)
+    other = tmp_path / "other.install.log"
+    other.write_text("vigil install 2026-12-01T22:41:35 with /opt/vigil/bin/uv\n")
+    os.link(other, str(env_dir) + ".install.log")
+    reply = agent.install_env({
+        "env_dir": str(env_dir), "python": sys.executable, "installer": "pip",
+        "requirements": ["vllm==9.9.9"], "remove": [], "find_links": [str(wheels)],
+        "index_url": (wheels / "simple").as_uri(), "extra_index_urls": [],
+        "imports": ["vllm"],
+    })
+    assert not reply["ok"]
+    assert other.read_text() == "vigil install 2026-12-01T22:41:35 with /opt/vigil/bin/uv\n"
+    log = Path(str(env_dir) + ".install.log")
+    assert log.read_text().splitlines()[0].endswith(" with pip")
+    assert log.stat().st_nlink == 1 and (log.stat().st_mode & 0o777) == 0o600
 
 
 @pytest.fixture

@@ -1120,8 +1120,13 @@ def install_env(action: Json) -> Json:
         # the stack's lock: exactly these packages, each hash checked, nothing resolved
         lock = env_dir + ".lock.txt"
         write_atomic(lock, action["lock"], 0o644)
-    # 0600 from the first byte: the installer's output may name an index
-    with os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+    # 0600 from the first byte: the installer's output may name an index. A new file,
+    # never the old one truncated: a link planted (or left) at this path would be
+    # written through, and another path's log overwritten with this one.
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(log)
+    with os.fdopen(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW, 0o600),
+                   "w") as fh:
         os.fchmod(fh.fileno(), 0o600)
         fh.write("vigil install %s with %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"),
                                                 uv or "pip"))
