@@ -38,7 +38,7 @@ import annotated_types  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 from pydantic.fields import FieldInfo  # noqa: E402
 
-from vigil.desired import config, groups, render  # noqa: E402
+from vigil.desired import config, group_spec, render, stacks  # noqa: E402
 from vigil.desired import roles as roles_mod  # noqa: E402
 from vigil.exitcodes import MEANING, SEVERITY, VERDICT_EXIT, ExitCode  # noqa: E402
 from vigil.tasks import project  # noqa: E402
@@ -153,7 +153,7 @@ NOTES: Mapping[type[BaseModel], Mapping[str, str]] = {
         "num_attention_heads": "config.json's; TP must divide it (checked before any host "
                                "is touched).",
     },
-    config.Stack: {
+    stacks.Stack: {
         "name": "May be left out: the file's name (`inventory/stacks/NAME.yml`); when "
                 "given it must match it. Each stack installs into "
                 "`{env_root}/{name}-{content hash}`.",
@@ -170,15 +170,15 @@ NOTES: Mapping[type[BaseModel], Mapping[str, str]] = {
         "rules": "Rules that must hold between the installed packages; a pin set that "
                  "breaks its own rules is refused when the stack is read.",
     },
-    config.Stack.Rules: {
+    stacks.Stack.Rules: {
         "requires": "This package (at this version) needs these versions of others, e.g. "
                     "this vllm needs this torch.",
     },
-    config.Stack.Requires: {
+    stacks.Stack.Requires: {
         "package": "The package the rule is about.",
         "version": "Only when `package` is at this version; unset: at any version.",
     },
-    groups.NodeGroupSpec: {
+    group_spec.NodeGroupSpec: {
         "name": "May be left out: the file's name (`inventory/node_groups/NAME.yml`).",
         "description": "Free text.",
         "head": "The host of node rank 0: the API server (native), the Ray head (ray).",
@@ -350,8 +350,8 @@ def field_type(model: type[BaseModel], name: str, info: FieldInfo,
 
 
 # Required by the model, filled by the loader from the file's name when left out.
-FROM_FILE_NAME = {(config.ModelProfile, "name"), (config.Stack, "name"),
-                  (groups.NodeGroupSpec, "name")}
+FROM_FILE_NAME = {(config.ModelProfile, "name"), (stacks.Stack, "name"),
+                  (group_spec.NodeGroupSpec, "name")}
 
 
 def default_of(info: FieldInfo, where: tuple[type[BaseModel], str] | None = None) -> str:
@@ -867,15 +867,15 @@ def pages() -> dict[str, str]:
             "Stack fields",
             "A stack is one file, `inventory/stacks/NAME.yml`: a pinned runtime "
             "environment, the rules that must hold between its packages, and what its "
-            "builds need of the host. Source: `Stack` in vigil/desired/config.py. "
+            "builds need of the host. Source: `Stack` in vigil/desired/stacks.py. "
             "How stacks install and verify: [concepts](../concepts.md#stacks-and-rules).",
-            config.Stack),
+            stacks.Stack),
         "node-group.md": lambda: model_page(
             "Node group fields",
             "A node group is one file, `inventory/node_groups/NAME.yml`: one model across "
-            "several hosts. Source: `NodeGroupSpec` in vigil/desired/groups.py. The guide: "
+            "several hosts. Source: `NodeGroupSpec` in vigil/desired/group_spec.py. The guide: "
             "[multi-node](../multi-node.md).",
-            groups.NodeGroupSpec),
+            group_spec.NodeGroupSpec),
         "role.md": lambda: model_page(
             "User role: role.yml",
             "A user role is a folder `roles/<name>/` of the ops repo with `defaults.yml` "

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from vigil.deploy.group import order, plan_group, releases, rollback_steps, target_of
-from vigil.desired import groups, inventory
+from vigil.desired import group_spec, inventory
 from vigil.desired.groups import CPU_LAUNCHER, NodeGroup, resolve_group
 from vigil.desired.targets import Target
 from vigil.errors import ConfigError, RefusedError
@@ -124,7 +124,7 @@ def test_cpu_nodes_run_the_cli_through_the_launcher(tmp_path: Path) -> None:
 def _golden_files() -> dict[str, str]:
     inv = inventory.load(GOLDEN / "inventory")
     files = {}
-    for name in groups.names(inv):
+    for name in group_spec.names(inv):
         g = resolve_group(inv, name, operator_env={}, require_secrets=False)
         for n in g.nodes:
             base = f"{name}/{n.name}"
@@ -242,8 +242,8 @@ def test_a_host_serves_one_group(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as exc:
         resolve_group(inv, "g", operator_env=ENV)
     assert "also in node group 'glm-native'" in str(exc.value)
-    assert groups.group_of(inv, "gpu-a") == "glm-native"
-    assert groups.group_of(inv, "nobody") is None
+    assert group_spec.group_of(inv, "gpu-a") == "glm-native"
+    assert group_spec.group_of(inv, "nobody") is None
 
 
 def test_unknown_group_names_the_known_ones(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from vigil.desired import inventory
-from vigil.desired.config import HostVars, ModelProfile, Stack
+from vigil.desired.config import HostVars, ModelProfile
 from vigil.desired.render import (
     API_SERVER,
     TEMPLATES,
@@ -22,6 +22,7 @@ from vigil.desired.render import (
     stack_hash,
     vllm_argv,
 )
+from vigil.desired.stacks import Stack
 from vigil.errors import ConfigError, TemplateError
 
 REPO_INV = Path(__file__).resolve().parent.parent / "inventory"

@@ -21,7 +21,8 @@ from datetime import timedelta
 from typing import Any
 
 from vigil.deploy.gpus import GIB, Gpu, GpuFacts, XidEvent
-from vigil.desired.config import HostVars, Stack
+from vigil.desired.config import HostVars
+from vigil.desired.stacks import Stack
 from vigil.errors import RefusedError
 
 # Minimum Linux x86_64 driver of each CUDA release: NVIDIA CUDA Toolkit Release Notes,

@@ -20,8 +20,9 @@ from vigil.deploy.runtime import (
     install_payload,
     runtime_differences,
 )
-from vigil.desired.config import HostVars, Stack
+from vigil.desired.config import HostVars
 from vigil.desired.render import Rendered, redact_env_text
+from vigil.desired.stacks import Stack
 from vigil.errors import RefusedError
 
 

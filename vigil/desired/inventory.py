@@ -50,11 +50,11 @@ from vigil.desired.config import (
     HostsFile,
     HostVars,
     ModelProfile,
-    Stack,
     check_name,
     phase_error,
     unknown_phase,
 )
+from vigil.desired.stacks import Stack
 from vigil.desired.yamlfile import M, parse_model, parse_traced, read_yaml, validation_error
 from vigil.errors import ConfigError
 

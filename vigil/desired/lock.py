@@ -14,7 +14,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from vigil.desired.stacks import normalize, same_version
+from vigil.desired.packages import normalize, same_version
 from vigil.errors import ConfigError
 
 _REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;\\]+)")

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import jinja2
 
-from vigil.desired.config import HostVars, ModelProfile, Stack
+from vigil.desired.config import HostVars, ModelProfile
 from vigil.desired.sandbox import Sandbox, render_template
+from vigil.desired.stacks import Stack
 from vigil.errors import ConfigError
 
 # The service role owns the unit and env file templates; the package ships them.

@@ -1,10 +1,10 @@
-"""The stack rule engine (pure): what is installed against what the stack pins and rules.
+"""A stack: its record (exact pins, removals, sources, rules) and the rule engine (pure).
 
 ``check(stack, installed)`` returns one ``Finding`` per broken pin, removal, same-version
 group or ``requires`` rule, each with the package, the installed version, the rule and the
 exact command that fixes it. ``installed`` is the agent's package listing
 (normalised name -> version), so the same engine judges a drift check, a fresh install
-and the stack file itself.
+and the stack file itself (``Stack`` refuses pins that break its own rules).
 """
 
 from __future__ import annotations
@@ -12,13 +12,155 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from packaging.specifiers import SpecifierSet
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.version import InvalidVersion, Version
+from pydantic import Field, field_validator, model_validator
 
-if TYPE_CHECKING:
-    from vigil.desired.config import Stack
+from vigil.desired import lock as lockfile
+from vigil.desired.config import AbsPath, Name, SafeText, Strict
+from vigil.desired.packages import normalize, public, same_version
+
+_PKG_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+class Stack(Strict):
+    """A pinned runtime: exact versions, what to remove, where wheels come from, and the
+    rules that must hold between installed packages (checked by the engine below)."""
+
+    class Requires(Strict):
+        """``package`` (at ``version``, or at any version) needs each of ``needs``."""
+
+        package: str
+        version: str | None = None
+        needs: dict[str, str] = Field(min_length=1, description="name -> '==2.10.0', '>=2.9'")
+
+        @model_validator(mode="after")
+        def _valid(self) -> Stack.Requires:
+            for name in (self.package, *self.needs):
+                if not _PKG_NAME.fullmatch(name):
+                    raise ValueError(f"{name!r} is not a package name")
+            if self.version is not None:
+                try:
+                    Version(self.version)
+                except InvalidVersion:
+                    raise ValueError(f"{self.package}: {self.version!r} is not a version") from None
+            for name, spec in self.needs.items():
+                try:
+                    SpecifierSet(spec if spec[:1] in "=<>!~" else f"=={spec}")
+                except InvalidSpecifier:
+                    raise ValueError(
+                        f"needs.{name}: {spec!r} is not a version specifier "
+                        "(write e.g. '==2.10.0' or '>=2.9,<2.11')"
+                    ) from None
+            return self
+
+    class Rules(Strict):
+        same_version: list[list[str]] = Field(
+            default_factory=list, description="groups whose public versions must be equal"
+        )
+        requires: list[Stack.Requires] = Field(default_factory=list)
+
+        @field_validator("same_version")
+        @classmethod
+        def _groups(cls, v: list[list[str]]) -> list[list[str]]:
+            for group in v:
+                if len(group) < 2:
+                    raise ValueError(f"a same_version group needs two packages or more: {group}")
+                for name in group:
+                    if not _PKG_NAME.fullmatch(name):
+                        raise ValueError(f"{name!r} is not a package name")
+            return v
+
+    name: Name
+    description: SafeText = ""
+    python: AbsPath = "/usr/bin/python3"
+    packages: dict[str, str] = Field(min_length=1, description="distribution -> exact version")
+    remove: list[str] = Field(default_factory=list)
+    index_url: SafeText | None = None
+    extra_index_urls: list[SafeText] = Field(default_factory=list)
+    find_links: list[SafeText] = Field(default_factory=list)
+    # stacks/<name>.lock as read (vigil.desired.lock): every package exact and hashed; in
+    # the content hash, so a new lock is a new environment. Never written in the YAML.
+    lock: str | None = Field(None, description="read from stacks/<name>.lock (written by "
+                             "invoke stack.lock), never set in this file")
+    # Rules change what is verified, not what is installed: kept out of model_dump so
+    # they do not change the stack's content hash (and with it the environment directory).
+    rules: Stack.Rules = Field(default_factory=lambda: Stack.Rules(), exclude=True)
+    # Modules a new environment must import before it may become `current` (each in its
+    # own interpreter, so one failure does not hide the next); verified, not installed.
+    verify_imports: list[str] = Field(
+        default_factory=lambda: ["vllm"], min_length=1, exclude=True,
+        description="e.g. [vllm, flashinfer]: flashinfer checks its package pair at import")
+    # What the builds need of the host, checked in preflight (vigil.deploy.gpucheck);
+    # verified, not installed, so also out of the content hash.
+    cuda: SafeText | None = Field(None, pattern=r"^\d+\.\d+$", exclude=True,
+                                  description="CUDA release of the pinned builds, e.g. '12.9'")
+    gpu_archs: dict[str, list[str]] = Field(
+        default_factory=dict, exclude=True,
+        description="package -> GPU architectures its build carries: sm_90, sm_120, "
+                    "compute_90 (PTX)")
+
+    @field_validator("gpu_archs")
+    @classmethod
+    def _archs(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        for name, archs in v.items():
+            for arch in archs:
+                if not re.fullmatch(r"(sm|compute)_\d{2,3}[af]?", arch):
+                    raise ValueError(f"{name}: {arch!r} is not an architecture "
+                                     "(write e.g. sm_90, sm_120, compute_90)")
+        return v
+
+    @field_validator("packages")
+    @classmethod
+    def _pins(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, version in v.items():
+            if not _PKG_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not a package name")
+            try:
+                Version(version)
+            except InvalidVersion:
+                raise ValueError(
+                    f"{name}: {version!r} is not an exact version (write e.g. '0.32.0')"
+                ) from None
+        return v
+
+    @field_validator("remove")
+    @classmethod
+    def _names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not _PKG_NAME.fullmatch(name):
+                raise ValueError(f"{name!r} is not a package name")
+        return v
+
+    @field_validator("verify_imports")
+    @classmethod
+    def _modules(cls, v: list[str]) -> list[str]:
+        # Each name becomes `import NAME` on the host: a dotted identifier, nothing else.
+        for name in v:
+            if not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", name):
+                raise ValueError(f"{name!r} is not a module name (write e.g. flashinfer)")
+        return v
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Stack:
+        # A stack whose own pins break its rules could never pass verification.
+        unknown = sorted(set(self.gpu_archs) - set(self.packages))
+        if unknown:
+            raise ValueError(f"gpu_archs names {unknown[0]!r}, which the stack does not pin")
+        broken = check_rules(self, self.packages, missing_ok=True)
+        if broken:
+            f = broken[0]
+            if f.rule.startswith("same_version"):  # the incident: one of a pair moved alone
+                want = f.expected.split()[2]  # "must be 0.6.4 like the others"
+                fix = f"pin {f.package} to {want} too, or put the others back to {f.version}"
+            else:
+                fix = f"change the pin of {f.package}: {f.expected}"
+            raise ValueError(
+                f"the pins break rule {f.rule}: {f.package} {f.version} ({f.expected}); "
+                f"a build from them would be refused; fix: {fix}"
+            )
+        return self
 
 
 @dataclass(frozen=True)
@@ -34,33 +176,12 @@ class Finding:
         return f"{self.package} {have} breaks {self.rule}: {self.expected}; fix: {self.fix}"
 
 
-def normalize(name: str) -> str:
-    """PEP 503 name: what the agent's listing uses as keys."""
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def public(version: str) -> str:
-    """The version without its local part: 0.6.4+cu129 -> 0.6.4 (what must match)."""
-    try:
-        return Version(version).public
-    except InvalidVersion:
-        return version.split("+", 1)[0]
-
-
 def _spec(text: str) -> SpecifierSet:
     return SpecifierSet(text if text[:1] in "=<>!~" else f"=={text}", prereleases=True)
 
 
 def _install(pip: str, requirement: str) -> str:
     return f"{pip} install {shlex.quote(requirement)}"
-
-
-def same_version(a: str, b: str) -> bool:
-    """Equal as versions (2.10 == 2.10.0); as text where one is not a version."""
-    try:
-        return Version(a) == Version(b)
-    except InvalidVersion:
-        return a == b
 
 
 def check_pins(stack: Stack, installed: dict[str, str], pip: str = "pip") -> list[Finding]:
@@ -130,8 +251,6 @@ def check(stack: Stack, installed: dict[str, str], pip: str = "pip") -> list[Fin
 
 def check_lock(stack: Stack, installed: dict[str, str], pip: str = "pip") -> list[Finding]:
     """Transitive drift: each package that differs from the stack's lock."""
-    from vigil.desired import lock as lockfile
-
     if stack.lock is None:
         return []
     lock = lockfile.parse(stack.lock, lockfile.file_of(stack.name))

@@ -13,10 +13,12 @@ from typing import Any
 
 import yaml
 
-from vigil.desired.config import HostVars, ModelProfile, Stack
+from vigil.desired.config import HostVars, ModelProfile
+from vigil.desired.group_spec import group_of
 from vigil.desired.inventory import Inventory, merge
 from vigil.desired.render import TEMPLATES, Rendered, Secrets, TemplateDirs, render
 from vigil.desired.roles import RenderedRole, render_role
+from vigil.desired.stacks import Stack
 from vigil.desired.yamlfile import did_you_mean, fields_at, load_yaml
 from vigil.errors import ConfigError, RefusedError
 
@@ -116,8 +118,6 @@ def resolve(
     host_flags, profile_flags = parse_sets(sets, inv.role_keys(), inv.root)
     env = os.environ if operator_env is None else operator_env
     targets = []
-    from vigil.desired.groups import group_of  # groups builds on this module
-
     for name in inv.select(pattern):
         node_of = group_of(inv, name) if fits else None
         if node_of is not None:

@@ -19,8 +19,9 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-from vigil.desired.config import HostVars, ModelProfile, Stack
+from vigil.desired.config import HostVars, ModelProfile
 from vigil.desired.render import STATE_ROOT, Rendered
+from vigil.desired.stacks import Stack
 from vigil.errors import ConfigError, HostError
 from vigil.transport.remote import call
 from vigil.transport.ssh import Transport
