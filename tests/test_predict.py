@@ -5,14 +5,18 @@ and 114.4 s, compiling 47.4 s, 29.0 s and 83.7 s) and one warm start (36.5 s, co
 
 from __future__ import annotations
 
+import io
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from vigil.verify import compile_cache as cc
-from vigil.verify import predict, reducer, replay
-from vigil.verify.budgets import BudgetKey, CacheState, HistoryRecord
+from vigil.verify import predict, reducer, replay, watch
+from vigil.verify import report as verify_report
+from vigil.verify.budgets import BudgetKey, Budgets, CacheState, HistoryRecord
+from vigil.verify.snapshot import Snapshot
+from vigil.verify.watch import Outcome
 
 TRACES = Path(__file__).resolve().parent / "fixtures" / "traces"
 COLD = ("lab-cold-ready", "lab-cpu-quota-ready", "lab-slow-compile-ready")
@@ -183,3 +187,100 @@ def test_a_cpu_host_s_hardware_is_its_latest_record_s_and_a_gpu_host_s_the_inven
                                                (3720, "1h02m")])
 def test_durations_read_as_an_operator_says_them(seconds: float, text: str) -> None:
     assert predict.duration(seconds) == text
+
+
+# -- where it is shown: verify's live view, final report and JSON ---------------------------
+
+def watched(trace: str, history: list[HistoryRecord], host: str = "lab5"
+            ) -> tuple[Outcome, list[Snapshot]]:
+    """The outcome of watching the start in ``trace``, predicted from ``history``."""
+    _, snaps = replay.load(TRACES / f"{trace}.jsonl")
+    state = replay.run(snaps, SHORT)
+    return Outcome(host, state=state, observed_start=True, exit_code=0,
+                   prediction=guess(history, host)), snaps
+
+
+OTHERS = [record(n) for n in COLD[1:]]  # the two cold starts besides lab-cold-ready
+SHORT = Budgets(stall_s=dict.fromkeys(reducer.PHASES, 30.0))  # what the lab watch used
+
+
+def test_the_plain_lines_carry_the_eta_until_the_verdict() -> None:
+    o, snaps = watched("lab-cold-ready", OTHERS)
+    assert o.prediction is not None
+    out, t = io.StringIO(), [0.0]
+    rep = verify_report.Reporter(out, live=False, clock=lambda: t[0])
+    rep.predicted("lab5", o.prediction)
+    state = reducer.initial()
+    with rep:
+        for snap in snaps:
+            state = reducer.step(state, snap, Budgets())
+            rep.poll("lab5", state, snap, Budgets())
+            t[0] += 2.0
+    lines = out.getvalue().splitlines()
+    assert all("eta ~" in ln for ln in lines[:-1]) and len(lines) > 3
+    assert "eta" not in lines[-1] and " ready" in lines[-1]
+    compiling = next(ln for ln in lines if " compiling" in ln)
+    assert "(p90 " in compiling
+
+
+def test_the_live_view_has_an_eta_column() -> None:
+    o, snaps = watched("lab-cold-ready", OTHERS)
+    assert o.prediction is not None
+    st = replay.run(snaps[:40])
+    assert st.verdict is None
+    out = io.StringIO()
+    with verify_report.Reporter(out, live=True) as rep:
+        rep.predicted("lab5", o.prediction)
+        rep.poll("lab5", st, snaps[39], Budgets())
+    text = out.getvalue()
+    assert "eta" in text and verify_report.eta_for(o.prediction, st).removeprefix("eta ") \
+        .split(" (")[0] in text
+
+
+def test_the_final_report_says_the_prediction_and_how_the_start_came_out() -> None:
+    o, _ = watched("lab-cold-ready", OTHERS)
+    text = verify_report.summary([o])
+    # the other two took 94.8 s and 114.4 s: median 104.6 s against the real 88.4 s
+    assert ("predicted ~1m45s (p90 1m52s) from 2 starts of this host (cold cache); took "
+            "1m28s (+18 %)") in text
+
+
+def test_the_json_has_the_prediction_the_real_seconds_and_the_error() -> None:
+    o, _ = watched("lab-cold-ready", OTHERS)
+    got = verify_report.outcome_json(o)["prediction"]
+    assert got["basis"] == "host" and got["starts"] == 2 and got["cache"] == "cold"
+    assert got["actual_s"] == 88.4 and got["error_pct"] == 18.2
+    assert got["total"]["median_s"] == 104.6 and "left_at_verdict" not in got
+    stalled, _ = watched("lab-sigstop-stalled", OTHERS)
+    assert stalled.state is not None and stalled.state.verdict == "stalled"
+    left = verify_report.outcome_json(stalled)["prediction"]
+    assert left["actual_s"] is None and left["left_at_verdict"]["median_s"] > 0
+
+
+def test_an_already_serving_service_is_not_measured_against_its_prediction() -> None:
+    o, _ = watched("lab-cold-ready", OTHERS)
+    o.observed_start = False
+    assert "predicted" not in verify_report.summary([o])
+    assert verify_report.outcome_json(o)["prediction"]["actual_s"] is None
+
+
+def test_verify_predicts_from_the_rendered_target_and_the_first_poll(tmp_path: Path) -> None:
+    """The watch's own call: the factors come from the rendered unit, the directory from
+    the first poll; a hashed variable changed since the last ready start predicts cold."""
+    from tests.conftest import target_in
+
+    hosts = "hosts:\n  lab5: {address: 127.0.0.1, model: tiny-cpu, stack: lab-cpu}\n"
+    t = target_in(tmp_path, hosts, "lab5")
+    factors = predict.target_factors(t, "cpu-2c")
+    assert "gpus" not in factors  # not known before a probe: not compared
+    past = [replace(r, compile_cache={**dict(r.compile_cache or {}), "factors": factors})
+            for r in lab_history()]
+    key = replace(past[0].key, cache="warm")
+    first = Snapshot(time=0.0)
+    warm = watch._prediction(t, key, first, past)
+    assert (warm.cache, warm.n) == ("warm", 1) and warm.cache_why.startswith("the cache of")
+    changed = target_in(tmp_path / "b", hosts.replace(
+        "lab-cpu}", "lab-cpu, env: {VLLM_CPU_SGL_KERNEL: '1'}}"), "lab5")
+    cold = watch._prediction(changed, key, first, past)
+    assert (cold.cache, cold.n) == ("cold", 3) and "VLLM_CPU_SGL_KERNEL unset → 1" in \
+        cold.cache_why

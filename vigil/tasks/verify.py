@@ -77,7 +77,8 @@ def verify(
         out = text_stream(json)
         with verify_report.Reporter(out) as rep:
             outcomes = watch.verify_all(targets, settings, setting(c, "state_dir"),
-                                        on_poll=rep.poll, on_note=rep.note)
+                                        on_poll=rep.poll, on_note=rep.note,
+                                        on_predict=rep.predicted)
         code = watch.worst_exit(outcomes)
         echo(verify_report.summary(outcomes), file=out)
         pipeline.report("verify", pipeline.verify_rows(outcomes), stream=out)

@@ -22,10 +22,14 @@ import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from vigil.verify import compile_cache
 from vigil.verify.budgets import WATCHED_PHASES, CacheState, HistoryRecord
+from vigil.verify.history import stack_versions
+
+if TYPE_CHECKING:
+    from vigil.desired.targets import Target
 
 Basis = Literal["host", "fleet", "none"]
 
@@ -72,6 +76,21 @@ class Prediction:
                 f" from {self.n} start{'s' if self.n != 1 else ''} {whose} "
                 f"({self.cache} cache)")
 
+    def error_pct(self, actual_s: float) -> float | None:
+        """How far the real start was from the median, in % of the real start."""
+        if self.total is None or actual_s <= 0:
+            return None
+        return round(100.0 * (self.total.median_s - actual_s) / actual_s, 1)
+
+    def against(self, actual_s: float) -> str:
+        """The final report's line: the prediction and, for a start that became ready, how
+        it came out: `predicted ~1m35s (p90 1m50s) from 3 starts …; took 1m29s (+7 %)`."""
+        text = self.line().replace("expect ~", "predicted ~", 1)
+        err = self.error_pct(actual_s)
+        if err is not None:
+            text += f"; took {duration(actual_s)} ({err:+.0f} %)"
+        return text
+
     def eta(self, phase: str, in_phase_s: float) -> Range | None:
         """What is left of the start in ``phase`` after ``in_phase_s`` in it: the rest of
         this phase (never below 0: an overrun phase is past its prediction, not ahead of
@@ -102,7 +121,7 @@ class Prediction:
         return text
 
     def to_json(self) -> dict[str, Any]:
-        return {"basis": self.basis, "starts": self.n, "cache": self.cache,
+        return {"host": self.host, "basis": self.basis, "starts": self.n, "cache": self.cache,
                 "cache_why": self.cache_why, "model": self.model, "hardware": self.hardware,
                 "total": self.total.to_json() if self.total else None,
                 "phases": {p: r.to_json() for p, r in self.phases.items()},
@@ -199,3 +218,27 @@ def expected_cache(records: Iterable[HistoryRecord], *, host: str, model: str,
         return "cold", f"a miss is expected: since its start of {when} UTC: " + \
             "; ".join(hashed)
     return "warm", f"the cache of its start of {when} UTC matches"
+
+
+def target_factors(t: Target, hardware: str, gpus: Sequence[str] = ()) -> dict[str, Any]:
+    """The factors of vLLM's cache keys a start of ``t`` will have, as far as they are
+    known before it (no vLLM version yet; the GPUs only when a probe named them)."""
+    out = compile_cache.factors_of(argv=t.rendered.argv, env=t.rendered.env,
+                                   secret_names=t.rendered.secret_names,
+                                   stack=stack_versions(t.stack), hardware=hardware,
+                                   gpus=gpus)
+    if not gpus:
+        del out["gpus"]  # unknown is not "none": not compared
+    return out
+
+
+def for_target(records: Sequence[HistoryRecord], t: Target, *, hardware: str,
+               directory: CacheState | None = None, gpus: Sequence[str] = ()) -> Prediction:
+    """The next start of ``t``: the cache state expected (:func:`expected_cache`), then the
+    prediction from the starts of that state."""
+    model = t.profile.name
+    state, why = expected_cache(records, host=t.name, model=model, hardware=hardware,
+                                factors=target_factors(t, hardware, gpus),
+                                directory=directory)
+    return predict(records, host=t.name, model=model, hardware=hardware, cache=state,
+                   cache_why=why)

@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from vigil.report import failed_word, safe_text, write_text, xml_document
-from vigil.verify import catalog, compile_cache, reducer
+from vigil.verify import catalog, compile_cache, predict, reducer
 from vigil.verify.budgets import Budgets
 from vigil.verify.snapshot import Snapshot
 from vigil.verify.watch import Outcome
@@ -55,7 +55,8 @@ class Reporter:
         self.clock = clock
         self._lock = threading.Lock()
         self._seen: dict[str, _Seen] = {}
-        self._rows: dict[str, tuple[str, str, str]] = {}
+        self._rows: dict[str, tuple[str, str, str, str]] = {}
+        self._predictions: dict[str, predict.Prediction] = {}
         self._live: Live | None = None
 
     # -- lifecycle --
@@ -82,12 +83,18 @@ class Reporter:
             else:
                 self._line(host, message)
 
+    def predicted(self, host: str, prediction: predict.Prediction) -> None:
+        """The host's start predicted: each poll after shows what is left of it."""
+        with self._lock:
+            self._predictions[host] = prediction
+
     def poll(self, host: str, state: reducer.WatchState, snap: Snapshot,
              budgets: Budgets) -> None:
         with self._lock:
             line = line_for(state)
+            eta = eta_for(self._predictions.get(host), state)
             if self._live is not None:
-                self._rows[host] = (_label(state), state.verdict or "", line)
+                self._rows[host] = (_label(state), state.verdict or "", eta, line)
                 self._live.update(self._table())
                 return
             seen = self._seen.setdefault(host, _Seen())
@@ -96,7 +103,7 @@ class Reporter:
             if (_label(state) != seen.label or state.verdict != seen.verdict
                     or len(state.warnings) > seen.warnings
                     or now - seen.printed_at >= HEARTBEAT_S):
-                text = line
+                text = f"{line}  ({eta})" if eta else line
                 if state.warnings[seen.warnings:]:
                     text += f" [{state.verdict or 'warning'}: {state.warnings[-1]}]"
                 self._line(host, f"{text}  (progress: {progress})")
@@ -116,12 +123,25 @@ class Reporter:
         table.add_column("host", no_wrap=True)
         table.add_column("phase", no_wrap=True)
         table.add_column("verdict", no_wrap=True)
+        table.add_column("eta", no_wrap=True)
         table.add_column("evidence")
         for host in sorted(self._rows):
-            phase, verdict, line = self._rows[host]
+            phase, verdict, eta, line = self._rows[host]
             # Text, not str: a cell's str would be parsed as rich markup
-            table.add_row(*(Text(safe_text(cell)) for cell in (host, phase, verdict, line)))
+            table.add_row(*(Text(safe_text(cell)) for cell in (host, phase, verdict,
+                                                               eta.removeprefix("eta "),
+                                                               line)))
         return table
+
+
+def eta_for(prediction: predict.Prediction | None, state: reducer.WatchState) -> str:
+    """`eta ~1m10s (p90 2m05s)`: what is left of a start still going, from the phase it
+    is in and how long it has been in it; empty without a prediction or once decided."""
+    if prediction is None or state.verdict in reducer.TERMINAL:
+        return ""
+    now = state.now or 0.0
+    in_phase = max(now - state.spans[-1].start, 0.0) if state.spans else 0.0
+    return prediction.eta_text(state.phase, in_phase)
 
 
 def line_for(state: reducer.WatchState) -> str:
@@ -178,7 +198,34 @@ def outcome_json(o: Outcome) -> dict[str, Any]:
     })
     if o.compile_cache is not None:  # with the comparison against history
         rep["compile_cache"] = o.compile_cache.to_json()
+    rep["prediction"] = prediction_json(o)
     return rep
+
+
+def _took(o: Outcome) -> float | None:
+    """The seconds of a start that became ready (what a prediction is measured on)."""
+    st = o.state
+    if st is None or st.verdict not in ("ready", "slow") or st.started_at is None \
+            or not o.observed_start:  # already serving: its start was not watched
+        return None
+    return (st.now or st.started_at) - st.started_at
+
+
+def prediction_json(o: Outcome) -> dict[str, Any] | None:
+    """The prediction's fields, with the real start's seconds and the error in % of it
+    (a start that became ready), and what was left of it at the verdict."""
+    p = o.prediction
+    if p is None:
+        return None
+    took = _took(o)
+    out = {**p.to_json(), "actual_s": round(took, 1) if took is not None else None,
+           "error_pct": p.error_pct(took) if took is not None else None}
+    if o.state is not None and o.state.verdict not in ("ready", "slow"):
+        st = o.state
+        in_phase = (st.now or 0.0) - st.spans[-1].start if st.spans else 0.0
+        left = p.eta(st.phase, max(in_phase, 0.0))
+        out["left_at_verdict"] = left.to_json() if left is not None else None
+    return out
 
 
 def run_json(outcomes: list[Outcome], exit_code: int) -> dict[str, Any]:
@@ -249,6 +296,11 @@ def summary(outcomes: list[Outcome]) -> str:
             cc = outcome_cache(o)
             if cc is not None:
                 detail += f"\n{'':<{width + 23}}{cc.line()}"
+            if o.prediction is not None and o.observed_start:
+                took = _took(o)
+                text = o.prediction.against(took) if took is not None else \
+                    o.prediction.line().replace("expect ~", "predicted ~", 1)
+                detail += f"\n{'':<{width + 23}}{text}"
         lines.append(f"{o.host:<{width}}  {verdict:<11} {o.seconds:>7.1f}s  {detail}")
     return "\n".join(lines)
 

@@ -24,7 +24,7 @@ from vigil.errors import HostError, VigilError
 from vigil.exitcodes import SEVERITY, VERDICT_EXIT, ExitCode
 from vigil.transport.remote import call_with
 from vigil.transport.ssh import Transport, connect, privileged
-from vigil.verify import compile_cache, history, reducer, smoke, systemd
+from vigil.verify import compile_cache, history, predict, reducer, smoke, systemd
 from vigil.verify.budgets import (
     MIN_SAMPLES,
     BudgetKey,
@@ -142,6 +142,7 @@ def probe_fn(poller: Poller, settings: Settings, poll_s: float, note: Callable[[
 ProbeFn = Callable[[str | None], Snapshot]
 SmokeFn = Callable[[], Smoke]
 OnPoll = Callable[[reducer.WatchState, Snapshot], None]
+OnPredict = Callable[[str, predict.Prediction], None]  # (host, its start predicted)
 
 
 def _health_ok(state: reducer.WatchState, snap: Snapshot) -> bool:
@@ -234,6 +235,7 @@ class Outcome:
     stream_pids: list[int] = field(default_factory=list)  # the stream's processes on the host
     # hit / miss / partial, from the start's evidence, and for a miss why (vs history)
     compile_cache: compile_cache.CompileCache | None = None
+    prediction: predict.Prediction | None = None  # of this start, from history before it
 
     @property
     def verdict(self) -> str | None:
@@ -291,8 +293,10 @@ def verify_target(
     on_note: Callable[[str, str], None] | None = None,
     clock: Clock = time.monotonic,
     sleep: Sleep = time.sleep,
+    on_predict: OnPredict | None = None,
 ) -> Outcome:
-    """Watch one deploy target's start: history in, budgets, watch, record, trace."""
+    """Watch one deploy target's start: history in, budgets, prediction, watch, record,
+    trace."""
     out = Outcome(t.name)
     t_start = clock()
 
@@ -308,7 +312,8 @@ def verify_target(
                 out.error, out.exit_code = str(exc), int(exc.exit_code)
                 transport = None
         if transport is not None:
-            _verify_on(t, transport, settings, state_dir, out, note, on_poll, clock, sleep)
+            _verify_on(t, transport, settings, state_dir, out, note, on_poll, clock, sleep,
+                       on_predict)
             out.round_trips = transport.round_trips
     out.seconds = round(clock() - t_start, 2)
     return out
@@ -317,7 +322,7 @@ def verify_target(
 def _verify_on(t: Target, transport: Transport, settings: Settings, state_dir: Path,
                out: Outcome, note: Callable[[str], None],
                on_poll: Callable[[str, reducer.WatchState, Snapshot, Budgets], None] | None,
-               clock: Clock, sleep: Sleep) -> None:
+               clock: Clock, sleep: Sleep, on_predict: OnPredict | None = None) -> None:
     try:
         mirror = history.Mirror(state_dir / "history.sqlite")
         cores, host_records = history.read_host(transport, t.vars, warn=note)
@@ -361,6 +366,10 @@ def _verify_on(t: Target, transport: Transport, settings: Settings, state_dir: P
         stalls = stall_note(budgets)
         if stalls:
             note(stalls)
+        out.prediction = _prediction(t, key, first, past)
+        note(f"prediction: {out.prediction.line()}: {out.prediction.cache_why}")
+        if on_predict is not None:
+            on_predict(t.name, out.prediction)
         path = trace_path(state_dir, t.name)
         path.parent.mkdir(parents=True, exist_ok=True)
         out.trace = str(path)
@@ -416,6 +425,16 @@ def _verify_on(t: Target, transport: Transport, settings: Settings, state_dir: P
         out.exit_code = int(ExitCode.FAILED)
 
 
+def _prediction(t: Target, key: BudgetKey, first: Snapshot,
+                past: list[HistoryRecord]) -> predict.Prediction:
+    """This start predicted from the starts before it: the cache state from what the
+    directory held at the first poll and the factors against the host's last cache."""
+    gpus = first.gpus
+    names = [g.name for g in gpus.devices] if gpus is not None and gpus.error is None else []
+    return predict.for_target(past, t, hardware=key.hardware, directory=key.cache,
+                              gpus=names)
+
+
 def _compile_cache(t: Target, key: BudgetKey, first: Snapshot, state: reducer.WatchState,
                    past: list[HistoryRecord]) -> compile_cache.CompileCache:
     """The start's compile cache: its own evidence, the factors of its key (the rendered
@@ -441,11 +460,13 @@ def verify_all(
     *,
     on_poll: Callable[[str, reducer.WatchState, Snapshot, Budgets], None] | None = None,
     on_note: Callable[[str, str], None] | None = None,
+    on_predict: OnPredict | None = None,
 ) -> list[Outcome]:
     """Watch every target's start in parallel, each over its own connection."""
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(targets)))) as pool:
         return list(pool.map(lambda t: verify_target(t, settings, state_dir, on_poll=on_poll,
-                                                     on_note=on_note), targets))
+                                                     on_note=on_note, on_predict=on_predict),
+                             targets))
 
 
 def worst_exit(outcomes: list[Outcome]) -> int:
