@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.agent_payload import agent
 from vigil.deploy.apply import missing_remedy
 from vigil.deploy.runtime import import_remedy, unknown_flags, verify_install
 from vigil.desired import inventory
 from vigil.desired.packages import public
 from vigil.desired.stacks import Stack, check, check_rules, pip_check_problems
 from vigil.errors import ConfigError
+from vigil.host import agent
 
 REPO_INV = Path(__file__).resolve().parent.parent / "inventory"
 FLASHINFER = ["flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache"]
