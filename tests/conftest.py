@@ -23,7 +23,7 @@ def _agent_records_hashes_in_a_scratch_file(
 ) -> Iterator[None]:
     """The agent, called in-process, records the hashes of the role files it writes in
     /var/lib/vigil; a test on this machine records them in a scratch file instead."""
-    from vigil.host import agent
+    from tests.agent_payload import agent
 
     monkeypatch.setattr(agent, "WRITTEN", str(tmp_path_factory.mktemp("agent-state") /
                                                "role-hashes.json"))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from vigil.host import agent
+from tests.agent_payload import agent
+from vigil.host import payload
 
 PLAN = Path(__file__).parent.parent / "vigil" / "deploy" / "plan.py"
 
@@ -53,8 +54,8 @@ def test_facts_reply_parses_straight_into_host_facts(tmp_path: Path) -> None:
     (tmp_path / "u.service").write_text("[Unit]\n")
     request = {"unit": "vigil-test-no-such-unit", "port": 1, "service_user": "root",
                "model": str(tmp_path / "no-model"), "paths": paths}
-    out = subprocess.run([sys.executable, "-c", (PLAN.parent.parent / "host" / "agent.py")
-                          .read_text(), "facts"], input=json.dumps(request),
+    out = subprocess.run([sys.executable, "-c", payload.source(), "facts"],
+                         input=json.dumps(request),
                          capture_output=True, text=True, timeout=120, check=True)
     facts = parse_facts("here", json.loads(out.stdout))
     assert facts.unit_text == "[Unit]\n" and facts.env_text is None

@@ -540,7 +540,7 @@ def _paths(tmp_path: Path) -> dict[str, str]:
 
 
 def test_a8_remove_envs_refuses_dot_dot_out_of_the_root(tmp_path: Path) -> None:
-    from vigil.host import agent
+    from tests.agent_payload import agent
 
     paths = _paths(tmp_path)
     victim = tmp_path / "victim"
@@ -557,7 +557,7 @@ def test_a8_remove_envs_refuses_dot_dot_out_of_the_root(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("kind", ["discard_env", "install_env", "mark_env"])
 def test_a9_agent_refuses_an_env_dir_outside_the_root(tmp_path: Path, kind: str) -> None:
-    from vigil.host import agent
+    from tests.agent_payload import agent
 
     paths = _paths(tmp_path)
     victim = tmp_path / "victim"
@@ -575,14 +575,14 @@ def test_a9_agent_refuses_an_env_dir_outside_the_root(tmp_path: Path, kind: str)
 
 @pytest.mark.parametrize("pid", [0, -1, 1, True, "12"])
 def test_a10_kill_refuses_pids_up_to_1_and_non_integers(pid: object) -> None:
-    from vigil.host import agent
+    from tests.agent_payload import agent
 
     res = agent.kill_pids({"pids": [pid], "expect": {str(pid): {"start": 1, "cmdline": "x"}}})
     assert res["ok"] is False and "refusing to signal" in res["error"]
 
 
 def test_a10_kill_leaves_a_process_that_is_not_the_one_the_facts_saw() -> None:
-    from vigil.host import agent
+    from tests.agent_payload import agent
 
     proc = subprocess.Popen(["sleep", "60"])
     try:
@@ -624,7 +624,7 @@ def test_a10_plan_carries_what_the_facts_saw_for_each_pid() -> None:
 
 
 def test_a11_malformed_action_keeps_the_results_before_it(tmp_path: Path) -> None:
-    from vigil.host import agent
+    from tests.agent_payload import agent
 
     paths = _paths(tmp_path)
     reply = agent.apply({"paths": paths, "actions": [
@@ -649,7 +649,7 @@ def test_a11_malformed_action_keeps_the_results_before_it(tmp_path: Path) -> Non
 def test_a11_malformed_request_is_one_json_error(
     argv: list[str], text: str, expect: str
 ) -> None:
-    from vigil.host import agent
+    from tests.agent_payload import agent
 
     assert expect in agent.main(argv, text)["agent_error"]
 
@@ -680,7 +680,7 @@ def test_a12_stale_temp_files_are_cleaned_by_the_next_write(tmp_path: Path) -> N
     import os
     import time as time_mod
 
-    from vigil.host import agent
+    from tests.agent_payload import agent
 
     stale = tmp_path / ".vigil-tmp-0123456789abcdef"
     stale.write_text("half a unit")
@@ -700,7 +700,7 @@ def test_a12_stale_temp_files_are_cleaned_by_the_next_write(tmp_path: Path) -> N
 def test_a12_switch_link_survives_a_stale_temp_link_of_a_reused_pid(tmp_path: Path) -> None:
     import os
 
-    from vigil.host import agent
+    from tests.agent_payload import agent
 
     link = tmp_path / "current"
     (tmp_path / f"current.vigil-{os.getpid()}").symlink_to("/stale")  # an older agent's
@@ -718,7 +718,7 @@ def test_a6_index_credentials_stay_out_of_argv_logs_and_replies(
     import json
     import stat as stat_mod
 
-    from vigil.host import agent
+    from tests.agent_payload import agent
 
     monkeypatch.setenv("PIP_RETRIES", "0")
     monkeypatch.setenv("PIP_TIMEOUT", "1")
@@ -746,7 +746,7 @@ def test_a6_index_credentials_stay_out_of_argv_logs_and_replies(
     ("https://h/simple", "https://h/simple"),
 ])
 def test_a6_redact_hides_url_credentials(url: str, shown: str) -> None:
-    from vigil.host import agent
+    from tests.agent_payload import agent
 
     assert agent.redact(url) == shown
 
@@ -1045,9 +1045,9 @@ def test_a15_max_model_len_is_bounded_by_the_other_keys_of_config_json(tmp_path:
     # GPT-2 style config.json: no max_position_embeddings, n_positions instead
     import json
 
+    from tests.agent_payload import agent
     from tests.test_plan import facts_for, target
     from vigil.deploy.preflight import problems
-    from vigil.host import agent
 
     model = tmp_path / "model"
     model.mkdir()
@@ -1592,7 +1592,7 @@ def test_i21_13_a_trailing_newline_in_a_host_role_or_variable_name_is_refused(
 
 def test_i21_13_the_agent_takes_no_env_link_or_module_name_with_a_trailing_newline(
         tmp_path: Path) -> None:
-    from vigil.host import agent
+    from tests.agent_payload import agent
 
     paths = _paths(tmp_path)
     Path(paths["current"]).symlink_to(paths["env_dir"] + "-r1\n")
@@ -1641,8 +1641,8 @@ def _file_role(dest: Path, content: str = "new=1\n") -> Any:
 
 
 def _check_diff(role: Any) -> tuple[Any, str]:
+    from tests.agent_payload import agent
     from vigil.deploy.roles import parse_role_facts, plan_roles, request
-    from vigil.host import agent
 
     facts = agent.role_facts(request((role,)))
     (write,) = [a for a in plan_roles((role,), parse_role_facts(facts)) if a.kind == "write_file"]
@@ -1680,7 +1680,7 @@ def _linked_to_shadow(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def test_i21_3_a_symlink_at_the_destination_is_never_followed(tmp_path: Path) -> None:
-    from vigil.host import agent
+    from tests.agent_payload import agent
 
     secret, dest = _linked_to_shadow(tmp_path)
     state, diff = _check_diff(_file_role(dest))
@@ -1693,8 +1693,8 @@ def test_i21_3_a_symlink_at_the_destination_is_never_followed(tmp_path: Path) ->
 
 
 def test_i21_3_a_file_vigil_wrote_or_marked_keeps_its_diff(tmp_path: Path) -> None:
+    from tests.agent_payload import agent
     from vigil.desired.render import BANNER
-    from vigil.host import agent
 
     assert agent.MANAGED_MARKER == BANNER
     dest = tmp_path / "etc" / "mine.conf"
@@ -1717,8 +1717,8 @@ def test_i21_3_a_file_vigil_wrote_or_marked_keeps_its_diff(tmp_path: Path) -> No
 
 
 def test_i21_3_an_unchanged_file_vigil_did_not_write_plans_nothing(tmp_path: Path) -> None:
+    from tests.agent_payload import agent
     from vigil.deploy.roles import parse_role_facts, plan_roles, request
-    from vigil.host import agent
 
     dest = tmp_path / "etc" / "same.conf"
     dest.parent.mkdir()
@@ -1748,7 +1748,7 @@ def _other_users_link(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_i21_4_a_write_through_a_parent_symlink_another_user_owns_is_refused(
         tmp_path: Path) -> None:
-    from vigil.host import agent
+    from tests.agent_payload import agent
 
     link, target = _other_users_link(tmp_path)
     with pytest.raises(OSError, match="a symlink owned by uid 65534"):
@@ -1765,7 +1765,7 @@ def test_i21_4_a_write_through_a_parent_symlink_another_user_owns_is_refused(
 
 
 def test_i21_4_a_symlink_root_owns_is_followed_as_before(tmp_path: Path) -> None:
-    from vigil.host import agent
+    from tests.agent_payload import agent
 
     real = tmp_path / "real"
     real.mkdir()
@@ -1778,7 +1778,7 @@ def test_i21_4_temp_cleanup_removes_only_vigils_own_temp_names(tmp_path: Path) -
     import os
     import time as time_mod
 
-    from vigil.host import agent
+    from tests.agent_payload import agent
 
     old = time_mod.time() - 3600
     others = [".vigil-settings", ".vigil-12345678", "app.vigil-42", ".vigil-tmp-0123",
@@ -1801,7 +1801,7 @@ def test_i21_4_temp_cleanup_removes_only_vigils_own_temp_names(tmp_path: Path) -
 
 
 def test_i21_4_a_failed_write_leaves_no_temp_file(tmp_path: Path) -> None:
-    from vigil.host import agent
+    from tests.agent_payload import agent
 
     with pytest.raises(UnicodeEncodeError):
         agent.write_atomic(str(tmp_path / "x.conf"), "a lone surrogate \udc80\n", 0o644)
@@ -1829,7 +1829,7 @@ def _facts_within(path: Path, seconds: float = 20.0) -> Any:
     """model_facts in a thread: a read that blocks (a FIFO) fails the test, not the run."""
     import threading
 
-    from vigil.host import agent
+    from tests.agent_payload import agent
 
     out: list[Any] = []
     thread = threading.Thread(target=lambda: out.append(agent.model_facts(str(path))),
@@ -1921,7 +1921,7 @@ def test_i21_11_bad_data_offsets_are_one_error_naming_the_tensor(
 
 def test_i21_11_a_model_file_past_the_size_cap_is_refused_by_size(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from vigil.host import agent
+    from tests.agent_payload import agent
 
     d = _model_dir(tmp_path)
     (d / "model.safetensors.index.json").write_text('{"weight_map": {}}' + " " * 4096)
@@ -1936,7 +1936,7 @@ def test_i21_11_the_facts_verb_answers_for_a_hostile_model_dir(tmp_path: Path) -
     import json
     import os
 
-    from vigil.host import agent
+    from tests.agent_payload import agent
 
     d = _model_dir(tmp_path)
     (d / "config.json").unlink()
@@ -2169,7 +2169,7 @@ def test_i21_4_the_release_backup_keeps_a_symlink_as_a_link_never_the_file_behin
     link, not shadow's bytes, and a rollback puts the link back."""
     import os
 
-    from vigil.host import agent
+    from tests.agent_payload import agent
 
     secret, dest = _linked_to_shadow(tmp_path)
     paths = {"unit": str(tmp_path / "u.service"), "env": str(tmp_path / "u.env"),

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.agent_payload import agent
 from tests.test_plan import facts_for, target
 from vigil.deploy.gpucheck import (
     MIN_DRIVER,
@@ -44,7 +45,6 @@ from vigil.deploy.plan import make_plan
 from vigil.deploy.preflight import check_host, problems, stale_gpu_processes
 from vigil.desired.stacks import Stack
 from vigil.errors import HostError, RefusedError
-from vigil.host import agent
 from vigil.verify.snapshot import Snapshot
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "gpus"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.agent_payload import agent
 from tests.test_stacks import VLLM_344, listing, wheel
 from vigil.deploy.runtime import install_payload, verify_install
 from vigil.desired import inventory
@@ -19,7 +20,6 @@ from vigil.desired import lock as lockfile
 from vigil.desired.render import stack_hash
 from vigil.desired.stacks import check
 from vigil.errors import ConfigError
-from vigil.host import agent
 
 PINS = {"vllm": VLLM_344, "flashinfer-python": "0.6.4", "torch": "2.10.0"}
 

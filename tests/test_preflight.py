@@ -76,7 +76,7 @@ def test_a_host_without_systemd_as_pid_1_is_refused_first() -> None:
 
 def test_the_agent_reads_pid_1_as_systemd_itself_tests_for_it() -> None:
     """sd_booted(): systemd is PID 1 exactly when /run/systemd/system exists."""
-    from vigil.host import agent
+    from tests.agent_payload import agent
 
     got = agent.init_facts()
     assert got["booted"] is os.path.isdir("/run/systemd/system")

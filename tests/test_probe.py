@@ -24,8 +24,6 @@ import pytest
 from vigil.transport import remote
 from vigil.verify.snapshot import Snapshot
 
-AGENT = Path(__file__).parent.parent / "vigil" / "host" / "agent.py"
-
 
 def run_probe(path: str | None = None, env: dict[str, str] | None = None,
               **request: object) -> Snapshot:
@@ -44,7 +42,8 @@ def run_probe(path: str | None = None, env: dict[str, str] | None = None,
 
 
 def test_agent_is_stdlib_only_and_python38() -> None:
-    tree = ast.parse(AGENT.read_text(), feature_version=(3, 8))
+    # the script a host runs: every part of vigil/host/ joined
+    tree = ast.parse(remote.agent_source(), feature_version=(3, 8))
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
                 for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree)

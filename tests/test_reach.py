@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
+from tests.agent_payload import agent
 from vigil.deploy import reach
 from vigil.desired import inventory
 from vigil.desired.groups import NodeGroup, resolve_group
-from vigil.host import agent
 
 GOLDEN = Path(__file__).resolve().parent / "fixtures" / "golden-groups" / "inventory"
 

@@ -282,9 +282,9 @@ def test_agent_writes_a_role_file_with_mode_and_owner_and_reads_it_back(
     import os
     import pwd
 
+    from tests.agent_payload import agent
     from vigil.deploy.roles import request
     from vigil.desired.roles import RenderedFile, RenderedRole
-    from vigil.host import agent
 
     monkeypatch.setattr(agent, "WRITTEN", str(tmp_path / "state" / "role-hashes.json"))
     me = pwd.getpwuid(os.getuid()).pw_name
@@ -347,7 +347,7 @@ def test_the_release_backup_keeps_the_role_files_the_deploy_writes() -> None:
 def test_a_rollback_puts_role_files_back_and_removes_new_ones(tmp_path: Path) -> None:
     """The agent's half, on local files: backup, write, then what the rollback verb does
     before it asks systemd to restart (which this machine cannot)."""
-    from vigil.host import agent
+    from tests.agent_payload import agent
     paths = {"unit": str(tmp_path / "u.service"), "env": str(tmp_path / "u.env"),
              "current": str(tmp_path / "current"), "backup_dir": str(tmp_path / "backup")}
     old, new = tmp_path / "etc" / "old.conf", tmp_path / "etc" / "new.conf"

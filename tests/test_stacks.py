@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.agent_payload import agent
 from vigil.deploy.apply import missing_remedy
 from vigil.deploy.runtime import import_remedy, unknown_flags, verify_install
 from vigil.desired import inventory
 from vigil.desired.packages import public
 from vigil.desired.stacks import Stack, check, check_rules, pip_check_problems
 from vigil.errors import ConfigError
-from vigil.host import agent
 
 REPO_INV = Path(__file__).resolve().parent.parent / "inventory"
 FLASHINFER = ["flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache"]
@@ -399,14 +399,14 @@ def test_reinstall_builds_beside_and_old_environments_are_collected() -> None:
     assert make_plan("llm-one", t.stack, t.rendered, f).actions == ()  # matches: no-op
     plan = make_plan("llm-one", t.stack, t.rendered, f, reinstall=True)
     kinds = [a.kind for a in plan.actions]
-    assert kinds == ["install_env", "mark_env", "backup", "switch_env", "remove_envs",
-                     "restart"]
+    assert kinds == ["install_env", "discard_env", "mark_env", "backup", "switch_env",
+                     "remove_envs", "restart"]
     assert plan.actions[0].payload["env_dir"] == f"{base}-r5"
     assert plan.actions[0].reason == "--reinstall"
-    assert plan.actions[3].payload == {"target": f"{base}-r5"}
+    assert plan.actions[4].payload == {"target": f"{base}-r5"}
     # kept: current (-r4, about to become the backup), the new one and the 3 newest others;
     # the old backup (-r1) is replaced by this deploy's backup and counts as an other
-    assert plan.actions[4].payload == {"paths": [base, "/opt/vigil/envs/other-stack-0123456789ab"]}
+    assert plan.actions[5].payload == {"paths": [base, "/opt/vigil/envs/other-stack-0123456789ab"]}
     # newest first: with keep=1 only -r3 of the unprotected stays
     assert collect(f, {f"{base}-r5"}, keep=1) == [
         f"{base}-r2", base, "/opt/vigil/envs/other-stack-0123456789ab"]

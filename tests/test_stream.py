@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from invoke.config import Config
 from invoke.context import Context
 
+from tests.agent_payload import agent
 from vigil.errors import ConfigError
-from vigil.host import agent
 from vigil.tasks.common import watch_settings
 from vigil.transport import remote
 from vigil.verify import reducer, replay, stream

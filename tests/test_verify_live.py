@@ -265,7 +265,7 @@ def test_a_dropped_stream_resumes_with_every_journal_line_once(
         dropped_and_killed: tuple[Outcome, DropThenKill, str]) -> None:
     """The lines vigil saw are journalctl's lines of this start, none missing, none
     twice, although the stream process died mid-start."""
-    from vigil.host import agent
+    from tests.agent_payload import agent
 
     out, hook, journal = dropped_and_killed
     assert hook.dropped

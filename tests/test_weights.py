@@ -14,10 +14,10 @@ from typing import Any
 import safetensors
 
 from lab import tiny_model
+from tests.agent_payload import agent
 from tests.test_plan import facts_for, target
 from vigil.deploy import weights
 from vigil.deploy.preflight import problems
-from vigil.host import agent
 
 
 def write_safetensors(path: Path, tensors: dict[str, list[int]]) -> None:

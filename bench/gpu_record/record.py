@@ -21,13 +21,13 @@ tests/fixtures/gpus/<name>/ are:
   (torch's arch list and the GPUs' capabilities).
 
 Without an NVIDIA GPU it records nothing and exits 3 with one line saying why. Stdlib
-only; run from the repository root (it imports vigil/host/agent.py and lab/tiny_model.py).
+only; run from the repository root (it runs the joined host agent, vigil/host/payload.py,
+and lab/tiny_model.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shutil
@@ -42,6 +42,9 @@ from pathlib import Path
 from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # the checkout's vigil: the device machine has no vigil installed
+from vigil.host import payload  # noqa: E402
+
 NO_GPU = 3
 
 
@@ -147,8 +150,9 @@ def record_busy(smi: str, agent: ModuleType, python: str, work: Path) -> str:
         (busy / "agent_gpu_facts.json").write_text(json.dumps(facts, indent=1))
         (busy / "torch_cuda.json").write_text(json.dumps(agent.torch_cuda(python), indent=1))
         # the probe as it runs on the environment's python: NVML in-process, then smi only
-        agent_py = repr(str(ROOT / "vigil" / "host" / "agent.py"))
-        code, out = sh([python, "-c", PROBE.replace("AGENT", agent_py)])
+        joined = work / "vigil-agent.py"
+        joined.write_text(payload.source())
+        code, out = sh([python, "-c", PROBE.replace("AGENT", repr(str(joined)))])
         (busy / "probe_gpus.json").write_text(out)
         return f"busy: holder pid {proc.pid} read while holding {BUSY_GIB} GiB"
     finally:
@@ -232,10 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     smi = gpu_or_exit()
     # the host agent itself (stdlib only), as a host runs it
-    spec = importlib.util.spec_from_file_location("agent", ROOT / "vigil" / "host" / "agent.py")
-    assert spec is not None and spec.loader is not None
-    agent = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(agent)
+    agent = payload.load()
     os.chdir(ROOT)  # python -m lab.tiny_model
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:

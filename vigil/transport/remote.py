@@ -2,7 +2,8 @@
 The agent itself travels on stdin too, ahead of the request (``BOOTSTRAP``).
 
 Every host-side step (facts, apply, rollback, status, packages, probe, smoke, history,
-logs) is a verb of the one stdlib agent (vigil/host/agent.py), called the same way.
+logs) is a verb of the one stdlib agent (vigil/host/, joined into one script by
+vigil/host/payload.py), called the same way.
 """
 
 from __future__ import annotations
@@ -11,17 +12,17 @@ import json
 import shlex
 from collections.abc import Callable
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 from vigil.desired.config import HostVars
 from vigil.errors import CommandError, HostError
+from vigil.host import payload
 from vigil.transport.ssh import Result, Transport, privileged
 
 
 @cache
 def agent_source() -> str:
-    return (Path(__file__).resolve().parents[1] / "host" / "agent.py").read_text()
+    return payload.source()
 
 
 # The agent travels on stdin ahead of the request, as Ansible's pipelining sends a module:

@@ -1,6 +1,6 @@
 """One probe snapshot as typed values, and its JSON form.
 
-The host agent's `probe` verb (vigil/host/agent.py, stdlib-only, runs on the host)
+The host agent's `probe` verb (vigil/host/probe.py, stdlib-only, runs on the host)
 replies with this shape; the watcher parses it with `Snapshot.from_dict`, and traces
 store one per line (`to_json`/`from_json`). Every part
 may carry an `error` instead of data: a probe never fails as a whole. Missing parts
