@@ -284,3 +284,66 @@ def test_verify_predicts_from_the_rendered_target_and_the_first_poll(tmp_path: P
     cold = watch._prediction(changed, key, first, past)
     assert (cold.cache, cold.n) == ("cold", 3) and "VLLM_CPU_SGL_KERNEL unset → 1" in \
         cold.cache_why
+
+
+# -- where it is shown: deploy --check ------------------------------------------------------
+
+def test_deploy_check_says_each_planned_restart_s_prediction_and_keeps_it_in_the_json(
+        tmp_path: Path) -> None:
+    from tests.conftest import target_in
+    from vigil.report import HostResult, Log, results_json, summary_table
+    from vigil.tasks.deploy import predict_restarts
+    from vigil.verify.history import Mirror
+
+    hosts = ("hosts:\n  lab5: {address: 127.0.0.1, model: tiny-cpu, stack: lab-cpu}\n"
+             "  lab6: {address: 127.0.0.2, model: tiny-cpu, stack: lab-cpu}\n")
+    five = target_in(tmp_path, hosts, "lab5")
+    six = target_in(tmp_path / "b", hosts, "lab6")
+    factors = predict.target_factors(five, "cpu-2c")
+    Mirror(tmp_path / "state" / "history.sqlite").add(
+        replace(r, compile_cache={**dict(r.compile_cache or {}), "factors": factors})
+        for r in lab_history())
+    results = [HostResult("lab5", "changed", actions=["write_env: VLLM_X changed",
+                                                      "restart: env changed"]),
+               HostResult("lab6", "ok", actions=[])]
+    out = io.StringIO()
+    got = predict_restarts([five, six], results, tmp_path / "state", Log(out))
+    assert list(got) == ["lab5"]  # lab6 does not restart: nothing to predict
+    assert got["lab5"].cache == "warm"  # the same factors as its last ready start
+    assert "the restart: expect ~37s (p90 37s) from 1 start of this host (warm cache): " \
+        "the cache of its start of" in out.getvalue()
+    row = next(ln for ln in summary_table(results).splitlines() if ln.startswith("lab5"))
+    assert row.endswith("write_env, restart, expect ~37s (p90 37s) from 1 start of this "
+                        "host (warm cache)")
+    doc = results_json(results)["hosts"]
+    assert doc["lab5"]["prediction"]["total"]["median_s"] == 36.5
+    assert doc["lab6"]["prediction"] is None
+
+
+def test_deploy_check_without_a_history_mirror_creates_none_and_says_no_history(
+        tmp_path: Path) -> None:
+    from tests.conftest import target_in
+    from vigil.report import HostResult, Log
+    from vigil.tasks.deploy import predict_restarts
+
+    t = target_in(tmp_path, "hosts:\n  lab5: {address: 127.0.0.1, model: tiny-cpu}\n", "lab5")
+    results = [HostResult("lab5", "changed", actions=["restart: --restart"])]
+    got = predict_restarts([t], results, tmp_path / "state", Log(io.StringIO()))
+    assert got["lab5"].basis == "none" and not (tmp_path / "state").exists()
+    assert results[0].prediction is not None
+    assert results[0].prediction["line"] == \
+        "no history of tiny-cpu on cpu (cold cache): no prediction"
+
+
+def test_a_rollout_lasts_its_batches_slowest_starts_added_up() -> None:
+    hist = [*lab_history("lab5"), *(record(n, "lab6", shift=1) for n in COLD)]
+    ps = {h: guess(hist, h, cache) for h, cache in (("lab5", "warm"), ("lab6", "cold"))}
+    ps["lab7"] = guess([], "lab7")
+    got = predict.rollout([["lab5"], ["lab6", "lab7"], ["lab8"]], ps)
+    five, six = ps["lab5"].total, ps["lab6"].total
+    assert five is not None and six is not None
+    assert got.median_s == pytest.approx(five.median_s + six.median_s)
+    assert got.p90_s == pytest.approx(five.p90_s + six.p90_s)
+    assert (got.batches, got.unknown) == (2, ("lab7",))
+    assert got.line() == ("rollout: starts expect ~2m11s (p90 2m27s) over 2 batches; no "
+                          "history for lab7 (not counted)")

@@ -97,6 +97,9 @@ class HostResult:
     replaced: bool = False
     # the actions the host completed (kinds), also when a later step failed: what changed
     applied: list[str] = field(default_factory=list)
+    # deploy --check: the planned restart's start predicted from history (predict.py's
+    # Prediction.to_json, with its `line`)
+    prediction: dict[str, Any] | None = None
 
     @property
     def unreachable(self) -> bool:
@@ -134,6 +137,8 @@ def summary_table(results: list[HostResult]) -> str:
         # the full reasons are in the log above and in --json; here, what was done
         done = ", ".join(a.split(":", 1)[0] for a in r.actions)
         detail = r.error.splitlines()[0] if r.error else done or "nothing to do"
+        if r.prediction and not r.error:
+            detail += f", {r.prediction['line']}"
         if r.error and r.applied:
             detail += f" (after {len(r.applied)} change(s): {', '.join(r.applied)})"
         pid = str(r.main_pid) if r.main_pid else "-"

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict
-from typing import TextIO
+from pathlib import Path
+from typing import Any, TextIO
 
 from invoke.context import Context
 
@@ -13,9 +15,10 @@ from vigil.deploy import service
 from vigil.desired import review
 from vigil.desired import targets as targets_mod
 from vigil.desired.config import HostVars
+from vigil.desired.targets import Target
 from vigil.errors import ConfigError
 from vigil.exitcodes import ExitCode
-from vigil.report import Log, echo, failed_word, results_json, summary_table
+from vigil.report import HostResult, Log, echo, failed_word, results_json, summary_table
 from vigil.tasks import pipeline
 from vigil.tasks.common import (
     CHANGING_HOSTS_HELP,
@@ -37,6 +40,8 @@ from vigil.tasks.common import (
     worst_code,
 )
 from vigil.transport.ssh import Transport
+from vigil.verify import history as history_mod
+from vigil.verify import predict
 
 
 @vigil_task(
@@ -111,10 +116,16 @@ def deploy(
         if serial is not None or max_fail or rollback_failed or junit or html:
             ro = rollout.run(targets, opts, log, serial=serial, max_fail=max_fail,
                              rollback_failed=rollback_failed)
+            extra: dict[str, Any] = {}
+            if check:
+                ahead = predict.rollout([b.hosts for b in ro.batches], predict_restarts(
+                    targets, ro.results, setting(c, "state_dir"), log))
+                log("rollout", ahead.line())
+                extra["prediction"] = ahead.to_json()
             echo(rollout.summary(ro), file=out)
             pipeline.report("deploy", pipeline.deploy_rows([*ro.results, *ro.rolled_back]),
                             stream=out)
-            emit_json(c, json, rollout.rollout_json(ro))
+            emit_json(c, json, {**rollout.rollout_json(ro), **extra})
             if junit:
                 rollout.write_junit(str(out_path(c, junit)), ro)
             if html:
@@ -124,12 +135,32 @@ def deploy(
             exit_with([ro.exit_code])
             return
         results = deploy_mod.deploy(targets, opts, log)
+        if check:
+            predict_restarts(targets, results, setting(c, "state_dir"), log)
         echo(summary_table(results), file=out)
         pipeline.report("deploy", pipeline.deploy_rows(results), stream=out)
         codes = [r.exit_code or (ExitCode.FAILED if r.status == "failed" else 0)
                  for r in results]
         emit_json(c, json, {**results_json(results), "exit_code": worst_code(codes)})
     exit_with(codes)
+
+
+def predict_restarts(targets: Sequence[Target], results: Sequence[HostResult],
+                     state_dir: Path, log: Log) -> dict[str, predict.Prediction]:
+    """deploy --check: each planned restart's start predicted from the local history
+    mirror (not created by a check that finds none), said and kept on its result."""
+    path = state_dir / "history.sqlite"
+    records = history_mod.Mirror(path).records() if path.exists() else []
+    by_name = {t.name: t for t in targets}
+    out: dict[str, predict.Prediction] = {}
+    for r in results:
+        t = by_name.get(r.host)
+        if t is None or r.error or not any(a.startswith("restart:") for a in r.actions):
+            continue
+        out[r.host] = p = predict.before_restart(records, t)
+        r.prediction = p.to_json()
+        log(r.host, f"the restart: {p.line()}: {p.cache_why}")
+    return out
 
 
 @vigil_task(

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from vigil.verify import compile_cache
 from vigil.verify.budgets import WATCHED_PHASES, CacheState, HistoryRecord
+from vigil.verify.history import hardware as hardware_of
 from vigil.verify.history import stack_versions
 
 if TYPE_CHECKING:
@@ -242,3 +243,54 @@ def for_target(records: Sequence[HistoryRecord], t: Target, *, hardware: str,
                                 directory=directory)
     return predict(records, host=t.name, model=model, hardware=hardware, cache=state,
                    cache_why=why)
+
+
+def before_restart(records: Sequence[HistoryRecord], t: Target) -> Prediction:
+    """A planned restart of ``t`` (deploy --check), before the host is asked anything: the
+    hardware from the inventory's GPUs or the host's own records, the cache state from
+    the rendered factors against the host's last cache."""
+    gpu = t.vars.gpu
+    inventory = hardware_of(t.vars, None)[0] if gpu is not None and gpu.count > 0 else None
+    return for_target(records, t, hardware=host_hardware(
+        records, host=t.name, model=t.profile.name, inventory=inventory))
+
+
+@dataclass(frozen=True)
+class RolloutPrediction:
+    """A rollout's starts, batch after batch: each batch lasts as long as its slowest
+    predicted start (median and p90 apart), the batches add up."""
+
+    median_s: float
+    p90_s: float
+    batches: int  # batches with a predicted restart
+    unknown: tuple[str, ...]  # restarting hosts without history: not in the sum
+
+    def line(self) -> str:
+        text = (f"rollout: starts expect ~{duration(self.median_s)} "
+                f"(p90 {duration(self.p90_s)}) over {self.batches} batch"
+                f"{'es' if self.batches != 1 else ''}")
+        if self.unknown:
+            text += f"; no history for {', '.join(self.unknown)} (not counted)"
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        return {"median_s": round(self.median_s, 1), "p90_s": round(self.p90_s, 1),
+                "batches": self.batches, "unknown": list(self.unknown), "line": self.line()}
+
+
+def rollout(batches: Sequence[Sequence[str]],
+            predictions: Mapping[str, Prediction]) -> RolloutPrediction:
+    """The wall time of the starts of a rollout whose restarting hosts are the keys of
+    ``predictions`` (installs and the drain are not predicted)."""
+    med = p90 = 0.0
+    counted = 0
+    unknown: list[str] = []
+    for names in batches:
+        totals = [t for n in names if n in predictions
+                  for t in [predictions[n].total] if t is not None]
+        unknown += [n for n in names if n in predictions and predictions[n].total is None]
+        if totals:
+            counted += 1
+            med += max(t.median_s for t in totals)
+            p90 += max(t.p90_s for t in totals)
+    return RolloutPrediction(med, p90, counted, tuple(unknown))
