@@ -640,3 +640,188 @@ def test_a_rendezvous_that_gave_up_is_a_distributed_init_timeout(line: str, note
     m = catalog.classify(line)
     assert (m.kind, m.cause, m.reached) == ("fatal", "distributed_init_timeout", "distributed_init")
     assert m.remedy is not None and note in m.remedy and "{" not in m.remedy
+
+
+# -- other platforms' out-of-memory and no-kernel wordings (issue 24.1) -----------------
+
+@pytest.mark.parametrize(("line", "cause"), [
+    # TPU runtime loading a program (vllm#16521, tpu-recipes#151)
+    ("RuntimeError: Bad StatusOr access: RESOURCE_EXHAUSTED: Error loading program: Attempting "
+     "to reserve 1.04G at the bottom of memory. That was not possible. There are 905.37M free",
+     "out_of_memory"),
+    ("RESOURCE_EXHAUSTED: Error loading program 'jit__multi_slice': Attempting to reserve "
+     "6.14G at the bottom of memory. That was not possible.", "out_of_memory"),
+    # AWS Neuron's runtime allocator (its own log format)
+    ("2024-Jul-10 09:14:35.191118 12878:14362 ERROR  TDRV:log_dev_mem                       "
+     "      Failed to allocate 43.325MB (usage: dma rings) on ND 3:NC 0, current utilization:",
+     "out_of_memory"),
+    ("2024-Jul-30 14:22:30.244701 65191:65191 ERROR  TDRV:dmem_alloc_internal               "
+     "      Failed to alloc DEVICE memory: 10485760", "out_of_memory"),
+    ('RuntimeError: nrt_tensor_allocate status=4 message="Allocation Failure"',
+     "out_of_memory"),
+    # Habana's PyTorch bridge (Gaudi)
+    ("RuntimeError: [Rank:0] FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed for "
+     "size::234881024 (224)MB", "out_of_memory"),
+    # HIP's and SYCL's code object for another device
+    ("torch.AcceleratorError: HIP error: device kernel image is invalid", "unsupported_gpu"),
+    ("RuntimeError: hipErrorInvalidImage", "unsupported_gpu"),
+    ("RuntimeError: Native API failed. Native API returns: -42 (PI_ERROR_INVALID_BINARY)",
+     "unsupported_gpu"),
+    # Ray: no GPU on the driver's node; a placement group that never came (0.6.5+, 0.2x)
+    ("ValueError: Ray does not allocate any GPUs on the driver node. Consider adjusting the Ray "
+     "placement group or running the driver on a GPU node.", "not_enough_gpus"),
+    ("ValueError: Cannot provide a placement group of placement_group_specs=[{'GPU': 1.0}, "
+     "{'GPU': 1.0}] within 1800 seconds. See `ray status` to make sure the cluster has enough "
+     "resources.", "not_enough_gpus"),
+    ("ValueError: Cannot provide a placement group requiring 4.0 GPUs (placement_group_specs="
+     "[{'GPU': 1.0}]) within 1800 seconds.", "not_enough_gpus"),
+])
+def test_a_platforms_own_wording_names_its_cause(line: str, cause: str) -> None:
+    m = catalog.classify(line)
+    assert (m.kind, m.cause) == ("fatal", cause)
+
+
+def test_the_unified_runtimes_catch_all_code_is_not_called_out_of_memory() -> None:
+    # UR adapters return OUT_OF_RESOURCES for any exception: not proven device memory
+    m = catalog.classify("RuntimeError: level_zero backend failed with error: 40 "
+                         "(UR_RESULT_ERROR_OUT_OF_RESOURCES)")
+    assert (m.kind, m.cause) == ("fatal", "unknown")
+
+
+# -- waits (issue 24.4) -------------------------------------------------------------------
+
+@pytest.mark.parametrize(("line", "wait", "phase"), [
+    ("(EngineCore pid=84) INFO 06-07 18:13:55 [ray_utils.py:464] Waiting for creating a "
+     "placement group of specs for 150 seconds. specs=[{'GPU': 1.0}]", "ray_placement_group",
+     "engine_init"),
+    ("INFO 04-01 02:46:00 ray_utils.py:214] Waiting for creating a placement group of specs for "
+     "10 seconds. specs=[{'node:10.1.1.1': 0.001, 'GPU': 1.0}]", "ray_placement_group",
+     "engine_init"),
+    ("WARNING 04-01 02:45:50 ray_utils.py:320] The number of required GPUs exceeds the total "
+     "number of available GPUs in the placement group.", "ray_gpu_shortfall", "engine_init"),
+    ("(EngineCore_DP0 pid=512) WARNING 12-25 11:51:11 [ray_utils.py:331] Tensor parallel size "
+     "(16) exceeds available GPUs (8). This may result in Ray placement group allocation "
+     "failures.", "ray_gpu_shortfall", "engine_init"),
+    ("(autoscaler +1m2s) Error: No available node types can fulfill resource request "
+     "{'GPU': 1.0}. Add suitable node types to this cluster to resolve this issue.",
+     "ray_infeasible", None),
+    ("(APIServer pid=1) DEBUG 08-09 20:55:10 [v1/engine/utils.py:1262] Waiting for 1 local, "
+     "0 remote core engine proc(s) to start.", "engine_cores", "engine_init"),
+    ("(APIServer pid=1) DEBUG 08-09 20:55:10 [v1/engine/utils.py:1262] Waiting for 2 local, "
+     "2 remote core engine proc(s) to start.", "dp_remote_engines", "engine_init"),
+    ("INFO 05-01 10:00:00 distributed_c10d.py:1] Waiting in store based barrier to initialize "
+     "process group for rank: 0, key: store_based_barrier_key:1 (world_size=2, "
+     "num_workers_joined=1, timeout=0:30:00)", "store_barrier", "distributed_init"),
+    ("[W306 00:03:07.843593274 TCPStore.cpp:358] [c10d] TCP client failed to connect/validate "
+     "to host 10.0.0.12:29400 - retrying (try=0, timeout=60000ms, delay=496ms): timed out",
+     "store_barrier", "distributed_init"),
+    ("DEBUG 05-31 01:52:28 client.py:191] Waiting for output from MQLLMEngine.",
+     "v0_engine_output", None),
+])
+def test_a_wait_line_is_alive_not_progress_and_names_what_it_waits_for(
+        line: str, wait: str, phase: str | None) -> None:
+    m = catalog.classify(line)
+    assert (m.kind, m.wait, m.reached) == ("noise", wait, phase)
+    assert m.cause is None  # a wait proves no failure
+
+
+def test_every_wait_names_a_known_cause_and_phase() -> None:
+    for w in catalog.WAITS:
+        assert w.cause is None or w.cause in catalog.CAUSE, w.id
+        assert w.reached is None or w.reached in catalog.PHASES, w.id
+    assert len(catalog.WAIT) == len(catalog.WAITS)
+
+
+def test_a_raised_placement_group_shortfall_is_still_a_crash() -> None:
+    # ≤0.6.4 raised it: an ERROR/exception line, never a wait
+    m = catalog.classify("ValueError: The number of required GPUs exceeds the total number of "
+                         "available GPUs in the placement group.")
+    assert (m.kind, m.cause) == ("fatal", "not_enough_gpus")
+
+
+# -- the phase from all the evidence (issue 24.7) ---------------------------------------
+
+V = "/usr/local/lib/python3.12/dist-packages/vllm"
+PHASE_EVIDENCE: dict[str, list[tuple[str, str]]] = {
+    "bootstrap": [
+        ("marker 0.5", "INFO 07-07 20:12:44 api_server.py:177] vLLM API server version 0.5.1"),
+        ("marker 0.17", "(APIServer pid=7) INFO 03-30 14:11:30 [utils.py:302]   █▄█▀ █     █"
+         "     █     █  version 0.17.1"),
+        ("marker 0.9", "INFO 08-25 14:50:36 [cli_args.py:325] non-default args: {'host': "
+         "'0.0.0.0'}"),
+    ],
+    "engine_init": [
+        ("marker 0.5", "INFO 11-12 16:04:20 llm_engine.py:176] Initializing an LLM engine "
+         "(v0.5.3.post1) with config: model='m'"),
+        ("marker 0.9", "(EngineCore_0 pid=1) INFO 07-17 00:07:07 [core.py:69] Initializing a "
+         "V1 LLM engine (v0.9.2) with config: model='m'"),
+        ("process", "(EngineCore_DP0 pid=3) INFO 09-28 15:47:20 [core.py:1] Waiting for init "
+         "message from front-end."),
+        ("process", "(VllmWorker rank=1 pid=2445156) INFO 05-16 13:08:58 [x.py:1] hello"),
+        ("frame", f'File "{V}/v1/worker/gpu_worker.py", line 180, in init_device'),
+        ("wait", "(APIServer pid=1) DEBUG 08-09 20:55:10 [v1/engine/utils.py:1262] Waiting for "
+         "1 local, 0 remote core engine proc(s) to start."),
+        ("wait", "INFO 04-01 02:46:00 ray_utils.py:214] Waiting for creating a placement group "
+         "of specs for 10 seconds. specs=[]"),
+    ],
+    "distributed_init": [
+        ("marker 0.8", "(VllmWorker rank=0 pid=249) DEBUG 05-16 13:08:58 [parallel_state.py:867]"
+         " world_size=8 rank=0 local_rank=0 distributed_init_method=tcp://127.0.0.1:39977 "
+         "backend=nccl"),
+        ("marker 0.6", "INFO 10-14 12:32:47 utils.py:1008] vLLM is using nccl==2.20.5"),
+        ("frame", f'File "{V}/distributed/parallel_state.py", line 9, in '
+         "init_distributed_environment"),
+        ("wait", "INFO 05-01 10:00:00 distributed_c10d.py:1] Waiting in store based barrier to "
+         "initialize process group for rank: 0, key: k (world_size=2, num_workers_joined=1)"),
+    ],
+    "loading_weights": [
+        ("marker 0.9", "(VllmWorker rank=0 pid=1) INFO 05-16 13:09:10 [gpu_model_runner.py:1] "
+         "Starting to load model /m..."),
+        ("marker 0.5", "INFO 07-17 19:40:00 model_runner.py:1] Loading model weights took "
+         "13.4966 GB"),
+        ("frame", f'File "{V}/model_executor/model_loader/loader.py", line 377, in load_model'),
+    ],
+    "compiling": [
+        ("marker 0.8", "INFO 05-19 06:18:39 [backends.py:426] Dynamo bytecode transform time: "
+         "27.52 s"),
+        ("marker 0.8", "INFO 05-19 06:22:40 [monitor.py:33] torch.compile takes 142.00 s in "
+         "total"),
+        ("frame", f'File "{V}/v1/worker/tpu_worker.py", line 219, in compile_or_warm_up_model'),
+    ],
+    "kv_cache": [
+        ("marker 0.2x", "(Worker_TP0 pid=351) INFO 09-03 22:41:57 [gpu_worker.py:462] "
+         "Available KV cache memory: 12.82 GiB"),
+        ("marker V0", "INFO 04-23 11:33:57 worker.py:270] Memory profiling takes 57.38 seconds"),
+        ("frame", f'File "{V}/v1/worker/gpu_worker.py", line 381, in determine_available_memory'),
+    ],
+    "capturing_graphs": [
+        ("marker 0.10", "(Worker_TP1_EP1 pid=43) DEBUG 09-13 16:16:38 [compilation/cuda_graph.py"
+         ":134] Capturing a cudagraph on (PIECEWISE,BatchDescriptor(num_tokens=2, "
+         "uniform_decode=False))"),
+        ("marker 0.5", "INFO 07-25 10:00:00 model_runner.py:1] Capturing the model for CUDA "
+         "graphs. This may lead to unexpected consequences if the model is not static."),
+        ("frame", f'File "{V}/worker/model_runner.py", line 1173, in capture_model'),
+        ("torch frame", 'File "/usr/local/lib/python3.10/dist-packages/torch/cuda/graphs.py", '
+         "line 82, in capture_end"),
+    ],
+    "api_starting": [
+        ("marker 0.9", "INFO 05-16 13:20:00 [core.py:1] init engine (profile, create kv cache, "
+         "warmup model) took 70.10 seconds"),
+        ("marker uvicorn", "INFO:     Started server process [3976]"),
+        ("frame", f'File "{V}/entrypoints/launcher.py", line 1, in serve_http'),
+    ],
+    "ready": [
+        ("serving", 'INFO:     127.0.0.1:1 - "POST /v1/chat/completions HTTP/1.1" 200 OK'),
+        ("frame V1", f'File "{V}/v1/engine/core.py", line 1170, in run_busy_loop'),
+        ("frame V0", f'File "{V}/engine/async_llm_engine.py", line 1, in run_engine_loop'),
+    ],
+}
+
+
+@pytest.mark.parametrize("phase", list(catalog.PHASES))
+def test_each_phase_is_reached_from_several_kinds_of_evidence(phase: str) -> None:
+    evidence = PHASE_EVIDENCE[phase]
+    # several versions' markers, or a marker and a frame, a process name, a wait
+    assert len({kind for kind, _ in evidence}) >= 2, phase
+    for kind, line in evidence:
+        assert catalog.classify(line).reached == phase, (kind, line)

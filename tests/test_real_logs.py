@@ -101,6 +101,20 @@ def _rows15(name: str) -> list[dict[str, str]]:
 HARVEST15 = _rows15("HARVEST15.tsv")
 HELDOUT15 = _rows15("HELDOUT15.tsv")
 ALL += HARVEST15 + HELDOUT15
+# Other platforms' wordings and waits that can never end (issue 24.1, 24.4, 24.7): Ray
+# placement groups, rendezvous timeouts, TPU/Neuron/XPU memory, cut waits; 5/10 and 3/3
+# held out before the rules, 10/10 and 3/3 after.
+HERE16 = Path(__file__).parent / "fixtures" / "real-logs-16"
+
+
+def _rows16(name: str) -> list[dict[str, str]]:
+    with (HERE16 / name).open() as fh:
+        return [{**r, "file": str(HERE16 / r["file"])} for r in csv.DictReader(fh, delimiter="\t")]
+
+
+HARVEST16 = _rows16("CASES.tsv")
+HELDOUT16 = _rows16("HELDOUT.tsv")
+ALL += HARVEST16 + HELDOUT16
 # The logs of HARVEST15/HELDOUT15 that hold several starts, and how many.
 SEVERAL_STARTS = {
     "clawd-v0151-systemd-kv-cache-small-then-restart-ready.log": 2,
@@ -200,6 +214,10 @@ HARVEST_FLOORS = [
     pytest.param(HARVEST15, 12, id="HARVEST15"),
     # 1/3 held out (never tuned on); 3/3 after HARVEST15's rules
     pytest.param(HELDOUT15, 3, id="HELDOUT15"),
+    # 5/10 before the platform wordings, the Ray causes and the waits; 10/10 after
+    pytest.param(HARVEST16, 10, id="HARVEST16"),
+    # 3/3 held out (never tuned on), 3/3 after
+    pytest.param(HELDOUT16, 3, id="HELDOUT16"),
 ]
 
 
@@ -227,6 +245,22 @@ def test_the_fifteenth_harvest_is_listed_once_with_its_sources() -> None:
     assert {p.name for p in HERE15.glob("*.log")} == set(files)
     for r in HARVEST15 + HELDOUT15:
         assert r["issue_url"].startswith("https://github.com/"), r["file"]
+
+
+def test_the_sixteenth_harvest_is_listed_once_with_its_sources() -> None:
+    files = [Path(r["file"]).name for r in HARVEST16 + HELDOUT16]
+    assert len(files) == len(set(files)) == 13
+    assert len(HELDOUT16) * 5 >= len(files)  # a fifth held out
+    assert {p.name for p in HERE16.glob("*.log")} == set(files)
+    for r in HARVEST16 + HELDOUT16:
+        assert r["issue_url"].startswith("https://github.com/"), r["file"]
+        assert r["expected_verdict"] in {"ready", "crashed", "undecided", "stopped"}
+
+
+@pytest.mark.parametrize("row", [r for r in HARVEST16 + HELDOUT16 if r["last_phase"] != "-"],
+                         ids=lambda r: Path(r["file"]).name)
+def test_the_sixteenth_harvest_reaches_its_phase(row: dict[str, str]) -> None:
+    assert _got(row)[2] == row["last_phase"]
 
 
 @pytest.mark.parametrize("name", sorted(SEVERAL_STARTS))

@@ -549,3 +549,73 @@ def test_a_root_long_after_a_compile_failure_is_not_what_it_wrapped() -> None:
                _snap(30, "(Worker_TP1 pid=10) ERROR 11-29 10:00:30 [m.py:1] RuntimeError: "
                          "NCCL error: unhandled system error")])[-1]
     assert st.cause == "torch_compile_failed"
+
+
+# -- waits that can never end (issue 24.4) -------------------------------------------
+
+PG_WAIT = ("(EngineCore_DP0 pid=34) INFO 06-07 18:13:55 [ray_utils.py:464] Waiting for "
+           "creating a placement group of specs for {s} seconds. specs=[{{'GPU': 1.0}}, "
+           "{{'GPU': 1.0}}]. Check `ray status` and `ray list nodes` to see if you have "
+           "enough resources")
+
+
+def _waiting_for_a_placement_group(until: float) -> list[Snapshot]:
+    """A start whose engine core waits for 2 GPUs a 1-GPU Ray cluster never offers: vLLM
+    repeats its wait line every 10 s and nothing else moves."""
+    snaps = [_snap(0, "Initializing a V1 LLM engine (v0.11.0) with config: model='/m'",
+                   state="S", unit=UP)]
+    snaps += [_snap(10.0 * i, PG_WAIT.format(s=10 * i), state="S", unit=UP)
+              for i in range(1, int(until // 10) + 1)]
+    return snaps
+
+
+def test_a_repeated_wait_line_is_not_progress() -> None:
+    st = fold(_waiting_for_a_placement_group(60))[-1]
+    assert st.evidence.noise_lines == 1 and st.evidence.new_lines == 0
+    assert st.waiting is not None and st.waiting.wait == "ray_placement_group"
+    assert st.waiting.waited_s == pytest.approx(60)
+
+
+def test_waiting_for_a_placement_group_is_stalled_with_its_cause() -> None:
+    states = fold(_waiting_for_a_placement_group(400))
+    final = next(s for s in states if s.verdict is not None)
+    assert (final.verdict, final.cause) == ("stalled", "not_enough_gpus")
+    assert final.proof is not None and "for a Ray placement group" in final.proof
+    assert final.remedy == catalog.remedy_for("not_enough_gpus")
+    assert final.phase == "engine_init"
+
+
+def test_stopped_while_waiting_says_the_stop_and_the_wait() -> None:
+    snaps = _waiting_for_a_placement_group(150)
+    stopping = Unit(active_state="deactivating", sub_state="stop-sigterm", main_pid=7,
+                    n_restarts=0)
+    snaps.append(_snap(160, "Stopping vllm.service - vLLM server...", unit=stopping))
+    st = fold(snaps)[-1]
+    assert (st.verdict, st.cause) == ("stopped", "not_enough_gpus")
+    assert st.proof is not None and st.proof.startswith("stopped: ")
+    assert "after waiting 2:30 for a Ray placement group" in st.proof
+
+
+def test_a_wait_that_ends_is_forgotten() -> None:
+    snaps = _waiting_for_a_placement_group(60)
+    snaps.append(_snap(70, "Starting to load model /m...", unit=UP))
+    st = fold(snaps)[-1]
+    assert st.waiting is None and st.phase == "loading_weights"
+
+
+def test_a_wait_without_a_cause_stalls_as_its_phase() -> None:
+    waits = [_snap(10.0 * i, "DEBUG 05-31 01:52:28 client.py:191] Waiting for output from "
+                   "MQLLMEngine.", unit=UP) for i in range(1, 40)]
+    st = fold([_snap(0, "Starting to load model /m...", unit=UP), *waits])[-1]
+    assert (st.verdict, st.cause) == ("stalled", "stalled_loading_weights")
+
+
+def test_a_plain_log_that_ends_waiting_is_undecided_and_says_what_it_waits_for() -> None:
+    b = Budgets()
+    st = reducer.initial()
+    for i in range(1, 40):
+        snap = Snapshot(time=10.0 * i, journal=Journal(lines=(
+            LogLine(us=int(10e6 * i), text=PG_WAIT.format(s=10 * i)),)))
+        st = reducer.step(st, snap, b, log_only=True)
+    assert st.verdict is None
+    assert any("Ray placement group" in w and "not_enough_gpus" in w for w in st.warnings)

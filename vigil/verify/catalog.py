@@ -196,6 +196,9 @@ PHASE_RECORDS: tuple[Phase, ...] = (
             _mk("capture_start", "start",
                 r"Capturing (?:CUDA|cuda) ?graphs|Capturing the model for CUDA graphs"
                 r"|Capturing CUDA graph shapes"),
+            # V1's CUDAGraphWrapper (compilation/cuda_graph.py, 0.10+) at DEBUG, once per
+            # captured shape: "Capturing a cudagraph on (PIECEWISE,BatchDescriptor(…))"
+            _mk("capture_shape", "progress", r"Capturing a cudagraph on \("),
             _mk("capture_done", "end",
                 r"Graph capturing finished in (?P<seconds>[0-9.]+) secs?"
                 r"(?:, took (?P<gib>[0-9.]+) GiB)?"),
@@ -318,12 +321,27 @@ CAUSES: tuple[Cause, ...] = (
          r"|(?:UR_RESULT|ZE_RESULT)_ERROR_OUT_OF_DEVICE_MEMORY",
          # XLA (TPU via torch_xla or JAX): a program or buffer larger than a memory space,
          # at compile ("Ran out of memory in memory space hbm/vmem/smem") or allocation
-         # ("Attempting to allocate 1.0G. That was not possible"); vllm#8318, GKE #1467
+         # ("Attempting to allocate 1.0G. That was not possible"), or loading a program
+         # reserves HBM ("Attempting to reserve 1.04G at the bottom of memory. That was not
+         # possible"); vllm#8318, #16521, GKE #1467, tpu-recipes#151
          r"RESOURCE_EXHAUSTED: .{0,300}?(?:[Rr]an out of memory in memory space"
-         r"|Attempting to (?:allocate|reserve) \S{1,20}\. That was not possible"
-         r"|[Oo]ut of memory)"),
-        ("0.5", "0.6 (TPU)", "0.7.1 (Ascend NPU)", "0.8", "0.11", "0.2x (XPU)", "0.33"),
-        "the model does not fit in the accelerator's memory (GPU, XPU, NPU or TPU HBM): stop "
+         r"|Attempting to (?:allocate|reserve) \S{1,20}(?: at the bottom of memory)?\. "
+         r"That was not possible"
+         r"|[Oo]ut of memory)",
+         # AWS Neuron's runtime (libnrt's TDRV allocator, its own log format; status 4 is
+         # NRT_RESOURCE): "TDRV:log_dev_mem  Failed to allocate 43.3MB (usage: dma rings) on
+         # ND 3:NC 0", "TDRV:dmem_alloc_internal  Failed to alloc DEVICE memory: N",
+         # 'nrt_tensor_allocate status=4 message="Allocation Failure"' (vllm#12443,
+         # transformers-neuronx#92, optimum-neuron#668)
+         r"TDRV:\w{1,40} {1,40}Failed to alloc(?:ate)? (?:DEVICE memory|[\d.]{1,20} ?[KMG]?B )"
+         r"|nrt_tensor_allocate status=4\b",
+         # Habana's PyTorch bridge on Gaudi: "FATAL ERROR :: MODULE:PT_DEVMEM Allocation
+         # failed for size::234881024 (224)MB" (optimum-habana#1469, #289)
+         r"MODULE:PT_DEVMEM Allocation failed"),
+        ("0.5", "0.6 (TPU)", "0.7.1 (Ascend NPU)", "0.7 (Neuron)", "0.8", "0.8.5 (TPU)", "0.11",
+         "0.2x (XPU)", "0.33"),
+        "the model does not fit in the accelerator's memory (GPU, XPU, NPU, Neuron, Gaudi or TPU "
+        "HBM): stop "
         "other users of the device, raise --tensor-parallel-size, use a quantized checkpoint, "
         "or lower --max-model-len / --max-num-seqs / --gpu-memory-utilization; an OOM while "
         "compiling or capturing graphs (the phase says) also goes away with --enforce-eager "
@@ -362,7 +380,15 @@ CAUSES: tuple[Cause, ...] = (
          r"of visible devices",
          # config validation (0.11.1+), vllm#30061 and others
          r"Tensor parallel size \((?P<world3>\d+)\) cannot be larger than the number of "
-         r"available GPUs"),
+         r"available GPUs",
+         # Ray executor (V0 ray_gpu_executor, 0.4 → 0.10): the placement group has no GPU
+         # bundle on the node vLLM runs on (VLLM_HOST_IP names another node, vllm#7815)
+         r"Ray does not allocate any GPUs on the driver node",
+         # ray_utils._wait_until_pg_ready gives up after PG_WAIT_TIMEOUT (1800 s): 0.6.5+
+         # "Cannot provide a placement group of placement_group_specs=[…] within 1800
+         # seconds", later "… requiring 4.0 GPUs (placement_group_specs=[…]) within …"
+         # (gpustack#5181)
+         r"Cannot provide a placement group\b.{0,4000}? within \d+ seconds"),
         ("0.2.7 (Ray)", "0.5 (Ray)", "0.7", "0.10", "0.11", "0.33"),
         "tensor x pipeline parallel size{world_note} exceeds the visible GPUs: lower "
         "--tensor-parallel-size/--pipeline-parallel-size or fix CUDA_VISIBLE_DEVICES (and, "
@@ -574,7 +600,14 @@ CAUSES: tuple[Cause, ...] = (
          # HIP's equivalents on ROCm: the build has no code object for this gfx target
          # (gpustack#3786 on gfx1151; hip_code_object.cpp's hipErrorNoBinaryForGpu)
          r"HIP error: invalid device function|hipErrorInvalidDeviceFunction"
-         r"|hipErrorNoBinaryForGpu|Unable to find code object for all current devices",
+         r"|hipErrorNoBinaryForGpu|Unable to find code object for all current devices"
+         # hipErrorInvalidImage ("device kernel image is invalid", hipGetErrorString): the
+         # code object loads but is not for this gfx target (ROCm on RDNA2/3 without a
+         # build for it: TheRock#5543, vllm-rocm-windows-rdna2#7)
+         r"|hipErrorInvalidImage|(?:HIP|CUDA) error: device kernel image is invalid"
+         # SYCL on Intel GPUs: an ahead-of-time build for another device ("-42
+         # (PI_ERROR_INVALID_BINARY)", UR's UR_RESULT_ERROR_INVALID_BINARY)
+         r"|PI_ERROR_INVALID_BINARY|UR_RESULT_ERROR_INVALID_BINARY",
          # ptxas (CUDA's PTX assembler, the copy Triton bundles) older than the GPU: it
          # refuses the arch ("ptxas fatal : Value 'sm_121a' is not defined for option
          # 'gpu-name'"), and Triton's make_cubin raises CalledProcessError for the ptxas
@@ -824,6 +857,70 @@ CAUSES: tuple[Cause, ...] = (
     ),
 )
 
+
+
+@dataclass(frozen=True)
+class Wait:
+    """A wait the log reports: vLLM, Ray or torch.distributed waiting for what only the
+    cluster or another process can give. Its line repeats while nothing moves, so it
+    proves the process alive, never progress; when the wait never ends, `cause` names
+    why (None: the line names nothing)."""
+
+    id: str
+    what: str  # for people: "a Ray placement group"
+    pattern: re.Pattern[str]
+    cause: str | None = None
+    reached: str | None = None  # the phase the wait proves the start got to
+
+
+WAITS: tuple[Wait, ...] = (
+    # ray_utils._wait_until_pg_ready, every 10 s until PG_WAIT_TIMEOUT (1800 s): "Waiting
+    # for creating a placement group of specs for 150 seconds. specs=[…]" (0.5 → 0.33)
+    Wait("ray_placement_group", "a Ray placement group",
+         re.compile(r"Waiting for creating a placement group of specs for (?P<waited>\d+) "
+                    r"seconds"),
+         cause="not_enough_gpus", reached="engine_init"),
+    # ray_utils before that wait, a WARNING since 0.6.5 (vllm#11138: it waits instead of
+    # raising): "The number of required GPUs exceeds the total number of available GPUs in
+    # the placement group"; 0.11+ "Tensor parallel size (16) exceeds available GPUs (8)"
+    Wait("ray_gpu_shortfall", "GPUs the Ray cluster does not have",
+         re.compile(r"The number of required GPUs exceeds the total number of available GPUs "
+                    r"in the placement group|Tensor parallel size \(\d+\) exceeds available "
+                    r"GPUs \(\d+\)"),
+         cause="not_enough_gpus", reached="engine_init"),
+    # Ray's autoscaler and scheduler on a request no node can satisfy (printed by Ray, not
+    # vLLM: "Error: No available node types can fulfill resource request {'GPU': 1.0}",
+    # "Warning: The following resource request cannot be scheduled right now")
+    Wait("ray_infeasible", "GPUs no Ray node type offers",
+         re.compile(r"No available node types can fulfill resource request"
+                    r"|The following resource request cannot be scheduled right now"),
+         cause="not_enough_gpus"),
+    # V1 front end, wait_for_engine_startup (v1/engine/utils.py, 0.9+) at DEBUG every 10 s:
+    # "Waiting for 1 local, 0 remote core engine proc(s) to start." A remote engine is a
+    # data-parallel rank on another node that has not connected; a local one is an engine
+    # core still starting (its own lines say how far)
+    Wait("dp_remote_engines", "a data-parallel rank on another node",
+         re.compile(r"Waiting for \d+ local, [1-9]\d* remote core engine proc\(s\) to start"),
+         cause="distributed_init_timeout", reached="engine_init"),
+    Wait("engine_cores", "the engine core process",
+         re.compile(r"Waiting for (?:\d+ local, \d+ remote |\d+ )?core engine proc\(s\) to "
+                    r"start"),
+         reached="engine_init"),
+    # torch.distributed: the store-based barrier (distributed_c10d._store_based_barrier,
+    # INFO, "Waiting in store based barrier to initialize process group for rank: 0, key:
+    # … (world_size=2, num_workers_joined=1, timeout=0:30:00)") and TCPStore's client
+    # retrying ("[c10d] TCP client failed to connect/validate to host H:P - retrying")
+    Wait("store_barrier", "the other ranks of the process group",
+         re.compile(r"Waiting in store based barrier to initialize process group"
+                    r"|TCP client failed to connect/validate to host \S{1,200} - retrying"),
+         cause="distributed_init_timeout", reached="distributed_init"),
+    # V0 front end (MQLLMEngineClient's output loop, 0.6 → 0.10) at DEBUG every
+    # VLLM_RPC_TIMEOUT while no output comes: while the engine starts or sits idle alike
+    Wait("v0_engine_output", "output from the engine process",
+         re.compile(r"Waiting for output from MQLLMEngine")),
+)
+WAIT: Mapping[str, Wait] = {w.id: w for w in WAITS}
+
 CAUSE: Mapping[str, Cause] = {c.id: c for c in CAUSES}
 _COMPILED: dict[str, re.Pattern[str]] = {
     c.id: re.compile("|".join(f"(?:{p})" for p in c.patterns)) for c in CAUSES}
@@ -1021,6 +1118,7 @@ class Match:
     role: Role | None = None
     exception: str | None = None  # the exception type of an exception line
     stop: Literal["trigger", "teardown"] | None = None  # a stop line: asked for, or teardown
+    wait: str | None = None  # a wait line's Wait id (kind "noise": alive, not progress)
 
 
 def remedy_for(cause: str, values: Mapping[str, str] | None = None) -> str:
@@ -1155,6 +1253,17 @@ def classify(text: str) -> Match:
                     values=_floats(fm.groupdict()), reached=reached, role=cause.role,
                     exception=exc_type,
                 )
+    if "ait" in msg or "exceeds" in msg or "fulfill" in msg or "scheduled" in msg \
+            or "retrying" in msg:
+        for wait in WAITS:
+            wm = wait.pattern.search(msg)
+            if wm:
+                at = wait.reached or reached
+                if reached is not None and at is not None \
+                        and phase_index(reached) > phase_index(at):
+                    at = reached
+                return Match("noise", line, values=_floats(wm.groupdict()), reached=at,
+                             wait=wait.id)
     for cause, hint in _HINTS:
         if hint.search(msg):
             if cause.reached is not None and (

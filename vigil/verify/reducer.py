@@ -57,6 +57,7 @@ RSS_MOVE = 64 * 1024 * 1024
 CPU_BUSY = 0.3  # tree CPU seconds per wall second that count as "working"
 MAX_FATAL = 64
 MAX_HINTS = 8
+MAX_WARNINGS = 32  # a log of a thousand waits keeps the first few
 _RANK = {"root": 0, "exception": 1, "symptom": 2, "chain": 3}
 # systemd sub-states of a stop job: someone asked the unit to stop.
 _STOP_SUBSTATES = frozenset({"stop", "stop-pre", "stop-sigterm", "stop-sigkill",
@@ -92,6 +93,22 @@ class Fatal:
     rank: str  # root | exception | symptom | chain
     at: float
     after_stop: bool = False  # after a stop someone asked for: its teardown, not a cause
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A wait the log reports (catalog.WAITS), from its first line to its last: how long
+    the start has waited, by the lines' clock or by what the line itself says."""
+
+    wait: str  # the Wait id
+    since: float
+    last: float
+    waited_s: float
+    line: str
+
+    def describe(self) -> str:
+        rec = catalog.WAIT[self.wait]
+        return f"waiting {_mmss(self.waited_s)} for {rec.what}"
 
 
 @dataclass(frozen=True)
@@ -161,6 +178,9 @@ class WatchState:
     stop_at: float | None = None  # an orderly stop began (systemd stop job, SIGTERM, …)
     stop_line: str = ""
     stop_asked: bool = False  # a stop's trigger seen (not only vLLM's own teardown lines)
+    # the wait the log reports now (Ray placement group, rendezvous…): what a stall or a
+    # stop during it is about; ended by the start's next real evidence
+    waiting: Waiting | None = None
     begun: bool = False  # a vLLM line of this start was seen (a stop before it is the last run's)
     ready_at: float | None = None
     health_ok: bool = False
@@ -419,6 +439,25 @@ class _Fold:
 _TRACEBACK = "Traceback (most recent call last):"
 
 
+def _waited(st: WatchState, m: catalog.Match, text: str, t: float) -> WatchState:
+    """Fold a wait line in: a new wait starts its clock; the same one extends it (by the
+    log's clock, or the seconds the line says it has waited, whichever is longer)."""
+    assert m.wait is not None
+    said = m.values.get("waited", 0.0)
+    cur = st.waiting
+    if cur is None or cur.wait != m.wait:
+        since = min(t, t - said) if said else t
+        new = Waiting(m.wait, since, t, max(said, 0.0), text.strip()[:300])
+        rec = catalog.WAIT[m.wait]
+        note = f"{new.describe()}: {new.line[:160]}"
+        if rec.cause is not None:
+            note += f" (if it never comes: {rec.cause})"
+        warnings = st.warnings if len(st.warnings) >= MAX_WARNINGS else (*st.warnings, note)
+        return replace(st, waiting=new, warnings=warnings)
+    return replace(st, waiting=replace(cur, last=t, waited_s=max(t - cur.since, said),
+                                       line=text.strip()[:300]))
+
+
 def _error_line(m: catalog.Match, text: str) -> tuple[str | None, str | None, str] | None:
     line = m.line
     if m.kind == "other" and line.level in ("ERROR", "CRITICAL") and line.source \
@@ -462,6 +501,11 @@ def _fold_lines(st: WatchState, snap: Snapshot, now: float) -> tuple[_Fold, Watc
         m = catalog.classify(entry.text)
         if m.kind == "noise":
             f.noise += 1
+            if m.wait is not None and not (f.st.started_at is not None
+                                           and t < f.st.started_at):
+                f.st = _waited(f.st, m, entry.text, t)
+                if m.reached is not None and f.st.verdict != "ready":
+                    f.phase_changed |= _advance(f.spans, m.reached, t)
             continue
         if m.kind == "other" and not m.line.message:
             continue
@@ -494,6 +538,8 @@ def _fold_lines(st: WatchState, snap: Snapshot, now: float) -> tuple[_Fold, Watc
             f.phase_changed |= _advance(f.spans, m.reached, t)
         if m.kind in ("fatal", "serving", "marker") or m.reached is not None:
             f.st = replace(f.st, begun=True)
+        if m.kind in ("fatal", "serving", "marker") and f.st.waiting is not None:
+            f.st = replace(f.st, waiting=None)
         # A line stamped before this start is the previous run's (a restart's journal
         # begins with the last run's stop and exit status): never this start's failure.
         before_start = f.st.started_at is not None and t < f.st.started_at
@@ -615,6 +661,13 @@ def step(
     stop = _stop(st, snap, now, dead=dead, log_only=log_only)
     if stop is not None:
         st = _track_unit(st, snap)
+        waiting = st.waiting
+        if waiting is not None:
+            # stopped while it waited for what never came: the stop, and what it waited for
+            cause = catalog.WAIT[waiting.wait].cause
+            proof = f"{stop}, after {waiting.describe()} ({waiting.line[:200]})"
+            return _finish(st, "stopped", cause, proof,
+                           catalog.remedy_for(cause) if cause else None, now, budgets)
         return _finish(st, "stopped", None, stop, None, now, budgets)
 
     # 3. Crashed: a fatal line, the unit failing or restarting on its own, /health
@@ -654,6 +707,13 @@ def step(
         proof = f"{line}; no progress evidence for {_mmss(quiet_for)} (stall window " \
             f"{_mmss(window)}); last log line: {st.last_line[:200]!r}"
         hint = catalog.PHASE[clock_phase].stall_hint or catalog.VERDICT_REMEDIES["stalled"]
+        waiting = st.waiting
+        cause = catalog.WAIT[waiting.wait].cause if waiting is not None else None
+        if waiting is not None and cause is not None:
+            # a wait that can never end on its own: stalled, and what it waits for
+            proof = f"{waiting.describe()} ({waiting.line[:200]}); {proof}"
+            return _finish(st, "stalled", cause, proof, catalog.remedy_for(cause), now,
+                           budgets)
         return _finish(st, "stalled", f"stalled_{clock_phase}", proof, hint, now, budgets)
 
     # 6. Timed out: the hard cap, or a phase past a stated multiple of a budget learned
