@@ -347,3 +347,42 @@ def test_a_rollout_lasts_its_batches_slowest_starts_added_up() -> None:
     assert (got.batches, got.unknown) == (2, ("lab7",))
     assert got.line() == ("rollout: starts expect ~2m11s (p90 2m27s) over 2 batches; no "
                           "history for lab7 (not counted)")
+
+
+def test_a_start_expected_warm_that_misses_is_then_predicted_from_cold_starts() -> None:
+    """The warm directory's cache did not fit (the lab's cold trace compiles): once its
+    compile cache shows the miss, the ETA and the measurement use cold history."""
+    hist = lab_history()
+    warm = guess(hist, cache="warm")
+    expected = replace(warm, if_miss=guess(hist, cache="cold"))
+    assert expected.given("miss") is expected.if_miss and expected.given("partial") is expected
+    o, snaps = watched("lab-cold-ready", [])
+    o.prediction = expected
+    st = replay.run(snaps, SHORT)
+    before = replay.run(snaps[:20], SHORT)
+    assert verify_report.eta_for(expected, before).startswith("eta ~")
+    assert "from cold starts" not in verify_report.eta_for(expected, before)
+    missed = replay.run(snaps[:44], SHORT)  # api_starting: vLLM said it compiled
+    assert missed.verdict is None and cc.assess(missed.compile_cache).state == "miss"
+    assert verify_report.eta_for(expected, missed).endswith(
+        "from cold starts: the compile cache missed")
+    got = verify_report.outcome_json(o)["prediction"]
+    assert (got["cache"], got["measured_cache"]) == ("warm", "cold")
+    assert got["if_miss"]["starts"] == 3 and got["error_pct"] == 7.2  # 94.8 s vs 88.4 s
+    assert st.verdict == "ready"
+    assert "the compile cache missed: predicted ~1m35s" in verify_report.summary([o])
+
+
+def test_a_warm_expectation_carries_its_cold_twin(tmp_path: Path) -> None:
+    from tests.conftest import target_in
+
+    t = target_in(tmp_path, "hosts:\n  lab5: {address: 127.0.0.1, model: tiny-cpu, "
+                  "stack: lab-cpu}\n", "lab5")
+    factors = predict.target_factors(t, "cpu-2c")
+    past = [replace(r, compile_cache={**dict(r.compile_cache or {}), "factors": factors})
+            for r in lab_history()]
+    warm = predict.for_target(past, t, hardware="cpu-2c")
+    assert warm.cache == "warm" and warm.if_miss is not None and warm.if_miss.n == 3
+    assert warm.to_json()["if_miss"]["cache"] == "cold"
+    cold = predict.for_target(past, t, hardware="cpu-2c", directory="cold")
+    assert cold.if_miss is None and "if_miss" not in cold.to_json()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from vigil.verify import compile_cache
@@ -66,6 +66,15 @@ class Prediction:
     n: int  # starts it is based on
     total: Range | None = None
     phases: Mapping[str, Range] = field(default_factory=dict)
+    # a warm prediction's cold twin: what the start takes once its compile cache misses
+    if_miss: Prediction | None = None
+
+    def given(self, compile_state: str) -> Prediction:
+        """The prediction that holds once the start's compile cache is known: a start
+        expected warm that missed compiles, so cold history predicts it."""
+        if compile_state == "miss" and self.cache == "warm" and self.if_miss is not None:
+            return self.if_miss
+        return self
 
     def line(self) -> str:
         """`expect ~4m10s (p90 5m30s) from 6 starts of this host (warm cache)`."""
@@ -126,7 +135,8 @@ class Prediction:
                 "cache_why": self.cache_why, "model": self.model, "hardware": self.hardware,
                 "total": self.total.to_json() if self.total else None,
                 "phases": {p: r.to_json() for p, r in self.phases.items()},
-                "line": self.line()}
+                "line": self.line(),
+                **({"if_miss": self.if_miss.to_json()} if self.if_miss is not None else {})}
 
 
 def duration(seconds: float) -> str:
@@ -241,8 +251,13 @@ def for_target(records: Sequence[HistoryRecord], t: Target, *, hardware: str,
     state, why = expected_cache(records, host=t.name, model=model, hardware=hardware,
                                 factors=target_factors(t, hardware, gpus),
                                 directory=directory)
-    return predict(records, host=t.name, model=model, hardware=hardware, cache=state,
-                   cache_why=why)
+    out = predict(records, host=t.name, model=model, hardware=hardware, cache=state,
+                  cache_why=why)
+    if state == "cold":
+        return out
+    cold = predict(records, host=t.name, model=model, hardware=hardware, cache="cold",
+                   cache_why="the compile cache missed: the start compiles")
+    return replace(out, if_miss=cold)
 
 
 def before_restart(records: Sequence[HistoryRecord], t: Target) -> Prediction:

@@ -141,7 +141,10 @@ def eta_for(prediction: predict.Prediction | None, state: reducer.WatchState) ->
         return ""
     now = state.now or 0.0
     in_phase = max(now - state.spans[-1].start, 0.0) if state.spans else 0.0
-    return prediction.eta_text(state.phase, in_phase)
+    p = prediction.given(compile_cache.assess(state.compile_cache).state)
+    text = p.eta_text(state.phase, in_phase)
+    return f"{text}, from cold starts: the compile cache missed" if text and p is not \
+        prediction else text
 
 
 def line_for(state: reducer.WatchState) -> str:
@@ -213,12 +216,16 @@ def _took(o: Outcome) -> float | None:
 
 def prediction_json(o: Outcome) -> dict[str, Any] | None:
     """The prediction's fields, with the real start's seconds and the error in % of it
-    (a start that became ready), and what was left of it at the verdict."""
-    p = o.prediction
-    if p is None:
+    (a start that became ready) against the prediction of the cache state it proved
+    (``measured_cache``: a warm one that missed is measured against cold history), and
+    what was left of it at the verdict."""
+    if o.prediction is None:
         return None
+    cc = outcome_cache(o)
+    p = o.prediction.given(cc.state if cc is not None else "unknown")
     took = _took(o)
-    out = {**p.to_json(), "actual_s": round(took, 1) if took is not None else None,
+    out = {**o.prediction.to_json(), "measured_cache": p.cache,
+           "actual_s": round(took, 1) if took is not None else None,
            "error_pct": p.error_pct(took) if took is not None else None}
     if o.state is not None and o.state.verdict not in ("ready", "slow"):
         st = o.state
@@ -298,8 +305,11 @@ def summary(outcomes: list[Outcome]) -> str:
                 detail += f"\n{'':<{width + 23}}{cc.line()}"
             if o.prediction is not None and o.observed_start:
                 took = _took(o)
-                text = o.prediction.against(took) if took is not None else \
-                    o.prediction.line().replace("expect ~", "predicted ~", 1)
+                p = o.prediction.given(cc.state if cc is not None else "unknown")
+                text = p.against(took) if took is not None else \
+                    p.line().replace("expect ~", "predicted ~", 1)
+                if p is not o.prediction:
+                    text = f"the compile cache missed: {text}"
                 detail += f"\n{'':<{width + 23}}{text}"
         lines.append(f"{o.host:<{width}}  {verdict:<11} {o.seconds:>7.1f}s  {detail}")
     return "\n".join(lines)
