@@ -120,8 +120,15 @@ PHASE_RECORDS: tuple[Phase, ...] = (
         markers=(
             # V1 runner "Starting to load model", V2 "Loading model from scratch"
             _mk("load_start", "start", r"Starting to load model|Loading model from scratch"),
+            # V0 DefaultModelLoader and forks (HPU: "Loading weights on hpu...")
+            _mk("load_device", "start", r"^Loading weights on \w+ ?\.\.\."),
+            # weight_utils naming the files it will read (every release since 0.4)
+            _mk("weights_format", "progress", r"Using model weights format \["),
+            # the tqdm bars of weight_utils' iterators: safetensors/pt/bin shards, and
+            # fastsafetensors' ("Loading safetensors using Fastsafetensor loader: 0%")
             _mk("shards", "progress",
-                r"Loading (?:safetensors|pt|bin)? ?checkpoint shards:\s*(?P<pct>\d+)% Completed"
+                r"Loading (?:(?:safetensors|pt|bin)? ?checkpoint shards|safetensors using "
+                r"Fastsafetensor loader):\s*(?P<pct>\d+)% Completed"
                 r"\s*\|\s*(?P<done>\d+)/(?P<total>\d+)"),
             _mk("weights_took", "progress", r"Loading weights took (?P<seconds>[0-9.]+) seconds"),
             # "Model loading took 73.7 GiB memory and 343.1 seconds" (≤0.11 "73.7000 GiB and")
@@ -199,6 +206,10 @@ PHASE_RECORDS: tuple[Phase, ...] = (
             # V1's CUDAGraphWrapper (compilation/cuda_graph.py, 0.10+) at DEBUG, once per
             # captured shape: "Capturing a cudagraph on (PIECEWISE,BatchDescriptor(…))"
             _mk("capture_shape", "progress", r"Capturing a cudagraph on \("),
+            # CUDA refuses a call while a stream is capturing: at startup only vLLM's graph
+            # capture captures (cudaErrorStreamCaptureUnsupported/Invalidated, club3090#106)
+            _mk("capture_refused", "progress",
+                r"cudaErrorStreamCapture\w+|operation not permitted when stream is capturing"),
             _mk("capture_done", "end",
                 r"Graph capturing finished in (?P<seconds>[0-9.]+) secs?"
                 r"(?:, took (?P<gib>[0-9.]+) GiB)?"),
@@ -215,6 +226,11 @@ PHASE_RECORDS: tuple[Phase, ...] = (
                 r"(?P<seconds>[0-9.]+)"),
             # ≤0.15 "Starting vLLM API server 0 on", later "Starting vLLM server on"
             _mk("server_starting", "progress", r"Starting vLLM (?:API )?server (?:\d+ )?on"),
+            # the API server setting up its app once the engine is up (0.10+): the tasks the
+            # engine supports, the chat template's warmup (serving_chat, 0.11+)
+            _mk("supported_tasks", "progress", r"^Supported tasks: \["),
+            _mk("chat_warmup", "progress",
+                r"Warming up chat template processing|Chat template warmup completed"),
             _mk("routes", "progress", r"Available routes are:|Route: /\S*, Methods:"),
             _mk("uvicorn_process", "progress", r"Started server process \[\d+\]"),
             _mk("uvicorn_waiting", "progress", r"Waiting for application startup\."),
