@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -171,14 +172,16 @@ def test_a_new_host_or_an_empty_directory_expects_a_cold_cache() -> None:
     assert (state, why) == ("cold", "the cache directory was empty at the start")
 
 
-def test_a_cpu_host_s_hardware_is_its_latest_record_s_and_a_gpu_host_s_the_inventory_s(
+def test_a_cpu_host_s_hardware_is_its_own_latest_else_the_fleet_s_a_gpu_host_s_the_inventory_s(
         ) -> None:
     recs = [replace(record("lab-cold-ready"), key=replace(record("lab-cold-ready").key,
                                                           hardware="cpu-4c")),
             record("lab-warm-ready")]
     assert predict.host_hardware(recs, host="lab5", model="tiny-cpu", inventory=None) \
         == "cpu-2c"  # the warm trace started after the cold one
-    assert predict.host_hardware(recs, host="lab7", model="tiny-cpu", inventory=None) == "cpu"
+    assert predict.host_hardware(recs, host="lab7", model="tiny-cpu", inventory=None) \
+        == "cpu-2c"  # a new host: the fleet's latest
+    assert predict.host_hardware(recs, host="lab7", model="glm-5", inventory=None) == "cpu"
     assert predict.host_hardware(recs, host="lab5", model="tiny-cpu",
                                  inventory="8xH200") == "8xH200"
 
@@ -386,3 +389,52 @@ def test_a_warm_expectation_carries_its_cold_twin(tmp_path: Path) -> None:
     assert warm.to_json()["if_miss"]["cache"] == "cold"
     cold = predict.for_target(past, t, hardware="cpu-2c", directory="cold")
     assert cold.if_miss is None and "if_miss" not in cold.to_json()
+
+
+@pytest.mark.parametrize("serial", [None, "1"])
+def test_the_deploy_task_s_check_json_carries_the_predictions(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, serial: str | None) -> None:
+    """`invoke deploy --check --json` (and with --serial, the rollout's), the hosts faked:
+    each plans a restart; lab5 has history in the mirror, lab6 none."""
+    import json
+
+    from invoke.config import Config
+    from invoke.context import Context
+
+    from vigil.deploy import apply, rollout
+    from vigil.report import HostResult
+    from vigil.tasks.collection import ns
+    from vigil.tasks.project import DEFAULTS
+    from vigil.verify.history import Mirror
+
+    root = tmp_path / "inventory"
+    root.mkdir()
+    repo = Path(__file__).resolve().parent.parent
+    for part in ("models", "stacks"):
+        (root / part).symlink_to(repo / "inventory" / part)
+    (root / "hosts.yml").write_text(
+        "hosts:\n  lab5: {address: 192.0.2.5, model: tiny-cpu, stack: lab-cpu}\n"
+        "  lab6: {address: 192.0.2.6, model: tiny-cpu, stack: lab-cpu}\n")
+    monkeypatch.chdir(tmp_path)
+    Mirror(tmp_path / "state" / "history.sqlite").add(lab_history())
+
+    def planned(t: Any, opts: Any, log: Any) -> HostResult:
+        assert opts.check
+        return HostResult(t.name, "changed", actions=["restart: --restart"])
+
+    monkeypatch.setattr(apply, "deploy_host", planned)
+    monkeypatch.setattr(rollout, "deploy_host", planned)
+    c = Context(Config(overrides={"vigil": {**dict.fromkeys(DEFAULTS), "inventory": str(root),
+                                            "state_dir": str(tmp_path / "state")}}))
+    ns["deploy"](c, hosts="all", check=True, serial=serial, json="plan.json")
+    doc = json.loads((tmp_path / "plan.json").read_text())
+    five, six = doc["hosts"]["lab5"]["prediction"], doc["hosts"]["lab6"]["prediction"]
+    assert five["basis"] == "host" and five["starts"] == 3 and five["cache"] == "cold"
+    assert five["cache_why"].endswith("more")  # the fixture's flags are not the rendered
+    assert six["basis"] == "fleet" and six["starts"] == 3
+    if serial:
+        assert doc["prediction"]["batches"] == 2
+        assert doc["prediction"]["median_s"] == pytest.approx(2 * five["total"]["median_s"],
+                                                              abs=0.11)
+    else:
+        assert "prediction" not in doc

@@ -37,6 +37,7 @@ Basis = Literal["host", "fleet", "none"]
 MIN_OWN = 3  # a host's own starts needed before they outweigh the fleet's
 RECENT = 20  # only the latest starts: a fleet's disks, drivers and stacks change
 GOOD = ("ready", "slow")  # only a start that became ready tells how long one takes
+SHOWN = 3  # changed factors named in a line; the rest counted
 
 
 @dataclass(frozen=True)
@@ -200,11 +201,12 @@ def host_hardware(records: Iterable[HistoryRecord], *, host: str, model: str,
                   inventory: str | None) -> str:
     """The hardware part of the key before the host is asked: the inventory's GPUs, else
     (a CPU host, whose key counts its cores) what the host's latest start of the model
-    recorded, else `cpu`."""
+    recorded, else the fleet's latest CPU start of it (a new host like the others), else
+    `cpu`."""
     if inventory is not None:
         return inventory
-    mine = [r for r in records if r.host == host and r.key.model == model
-            and r.key.hardware.startswith("cpu")]
+    cpu = [r for r in records if r.key.model == model and r.key.hardware.startswith("cpu")]
+    mine = [r for r in cpu if r.host == host] or cpu
     return max(mine, key=lambda r: r.started_at).key.hardware if mine else "cpu"
 
 
@@ -226,8 +228,9 @@ def expected_cache(records: Iterable[HistoryRecord], *, host: str, model: str,
     when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(prev.started_at))
     hashed = [d[1] for d in compile_cache.differences(cc.factors, factors) if d[2]]
     if hashed:
+        more = f"; and {len(hashed) - SHOWN} more" if len(hashed) > SHOWN else ""
         return "cold", f"a miss is expected: since its start of {when} UTC: " + \
-            "; ".join(hashed)
+            "; ".join(hashed[:SHOWN]) + more
     return "warm", f"the cache of its start of {when} UTC matches"
 
 
