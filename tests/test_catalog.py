@@ -780,6 +780,12 @@ PHASE_EVIDENCE: dict[str, list[tuple[str, str]]] = {
         ("marker 0.5", "INFO 07-17 19:40:00 model_runner.py:1] Loading model weights took "
          "13.4966 GB"),
         ("frame", f'File "{V}/model_executor/model_loader/loader.py", line 377, in load_model'),
+        ("marker HPU", "(VllmWorkerProcess pid=286) INFO 06-24 15:31:45 loader.py:423] Loading "
+         "weights on hpu..."),
+        ("marker 0.4+", "INFO 06-24 15:31:45 weight_utils.py:254] Using model weights format "
+         "['*.safetensors']"),
+        ("marker fastsafetensors", "Loading safetensors using Fastsafetensor loader:   0% "
+         "Completed | 0/16 [00:00<?, ?it/s]"),
     ],
     "compiling": [
         ("marker 0.8", "INFO 05-19 06:18:39 [backends.py:426] Dynamo bytecode transform time: "
@@ -803,11 +809,18 @@ PHASE_EVIDENCE: dict[str, list[tuple[str, str]]] = {
         ("frame", f'File "{V}/worker/model_runner.py", line 1173, in capture_model'),
         ("torch frame", 'File "/usr/local/lib/python3.10/dist-packages/torch/cuda/graphs.py", '
          "line 82, in capture_end"),
+        ("CUDA refusal", "(Worker_TP1 pid=15193) ERROR 05-08 19:06:38 [multiproc_executor.py:"
+         "962] Search for `cudaErrorStreamCaptureUnsupported' in https://docs.nvidia.com/cuda/"
+         "cuda-runtime-api/group__CUDART__TYPES.html for more information."),
     ],
     "api_starting": [
         ("marker 0.9", "INFO 05-16 13:20:00 [core.py:1] init engine (profile, create kv cache, "
          "warmup model) took 70.10 seconds"),
         ("marker uvicorn", "INFO:     Started server process [3976]"),
+        ("marker 0.10", "(APIServer pid=4548) INFO 01-06 23:26:32 [api_server.py:1020] Supported "
+         "tasks: ['generate']"),
+        ("marker 0.11", "(APIServer pid=4548) INFO 01-06 23:26:32 [serving_chat.py:180] Warming "
+         "up chat template processing..."),
         ("frame", f'File "{V}/entrypoints/launcher.py", line 1, in serve_http'),
     ],
     "ready": [
