@@ -67,6 +67,8 @@ class Prediction:
     n: int  # starts it is based on
     total: Range | None = None
     phases: Mapping[str, Range] = field(default_factory=dict)
+    # per phase: what the starts took from its beginning to the end (it and every later one)
+    rest: Mapping[str, Range] = field(default_factory=dict)
     # a warm prediction's cold twin: what the start takes once its compile cache misses
     if_miss: Prediction | None = None
 
@@ -103,21 +105,19 @@ class Prediction:
         return text
 
     def eta(self, phase: str, in_phase_s: float) -> Range | None:
-        """What is left of the start in ``phase`` after ``in_phase_s`` in it: the rest of
-        this phase (never below 0: an overrun phase is past its prediction, not ahead of
-        it) plus every later phase, medians and p90s summed. None without history or
-        once ready."""
-        if not self.phases or phase not in WATCHED_PHASES:
+        """What is left of the start in ``phase`` after ``in_phase_s`` in it, from what the
+        past starts took from this phase to the end (`rest`, median and p90 across them:
+        at the first phase the same range as the whole start) less the time in it, never
+        below what they took after it (an overrun phase is past its prediction, not ahead
+        of it). None without history or once ready."""
+        if phase not in self.rest:
             return None
-        later = WATCHED_PHASES[WATCHED_PHASES.index(phase) + 1:]
-        here = self.phases.get(phase)
-        med = max(here.median_s - in_phase_s, 0.0) if here else 0.0
-        p90 = max(here.p90_s - in_phase_s, 0.0) if here else 0.0
-        for p in later:
-            if p in self.phases:
-                med += self.phases[p].median_s
-                p90 += self.phases[p].p90_s
-        return Range(med, p90, self.n)
+        i = WATCHED_PHASES.index(phase)
+        after = next((self.rest[p] for p in WATCHED_PHASES[i + 1:] if p in self.rest),
+                     Range(0.0, 0.0, self.n))
+        here = self.rest[phase]
+        return Range(max(here.median_s - in_phase_s, after.median_s),
+                     max(here.p90_s - in_phase_s, after.p90_s), self.n)
 
     def eta_text(self, phase: str, in_phase_s: float) -> str:
         """The live view's cell: `eta ~1m10s (p90 2m05s)`; past the p90 of the phase it is
@@ -188,13 +188,18 @@ def predict(records: Iterable[HistoryRecord], *, host: str, model: str, hardware
     else:
         basis, picked = "none", []
     phases: dict[str, Range] = {}
-    for p in WATCHED_PHASES:
+    rest: dict[str, Range] = {}
+    for i, p in enumerate(WATCHED_PHASES):
         got = range_of([r.phases_s[p] for r in picked if p in r.phases_s])
         if got is not None:
             phases[p] = got
+        tail = range_of([sum(r.phases_s.get(q, 0.0) for q in WATCHED_PHASES[i:])
+                         for r in picked])
+        if tail is not None:
+            rest[p] = tail
     return Prediction(host=host, model=model, hardware=hardware, cache=cache,
                       cache_why=cache_why, basis=basis, n=len(picked),
-                      total=range_of([r.total_s for r in picked]), phases=phases)
+                      total=range_of([r.total_s for r in picked]), phases=phases, rest=rest)
 
 
 def host_hardware(records: Iterable[HistoryRecord], *, host: str, model: str,
