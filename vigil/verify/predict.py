@@ -90,7 +90,8 @@ class Prediction:
                 f"({self.cache} cache)")
 
     def error_pct(self, actual_s: float) -> float | None:
-        """How far the real start was from the median, in % of the real start."""
+        """The median's error, in % of the real start: positive when it predicted longer
+        than the start took."""
         if self.total is None or actual_s <= 0:
             return None
         return round(100.0 * (self.total.median_s - actual_s) / actual_s, 1)
