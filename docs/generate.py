@@ -38,7 +38,7 @@ import annotated_types  # noqa: E402
 from pydantic import BaseModel  # noqa: E402
 from pydantic.fields import FieldInfo  # noqa: E402
 
-from vigil.desired import config, group_spec, render, stacks  # noqa: E402
+from vigil.desired import config, engines, group_spec, render, stacks  # noqa: E402
 from vigil.desired import roles as roles_mod  # noqa: E402
 from vigil.exitcodes import MEANING, SEVERITY, VERDICT_EXIT, ExitCode  # noqa: E402
 from vigil.tasks import project  # noqa: E402
@@ -183,7 +183,9 @@ NOTES: Mapping[type[BaseModel], Mapping[str, str]] = {
         "description": "Free text.",
         "head": "The host of node rank 0: the API server (native), the Ray head (ray).",
         "workers": "Node ranks 1.. in this order; each host is in one group only.",
-        "backend": "`native`: vLLM's own multi-node engine (`--nnodes`, `--node-rank`, "
+        "backend": "The engine, one module of `vigil/desired/engines/` each: "
+                   + " | ".join(f"`{n}`" for n in engines.registry()) + ". "
+                   "`native`: vLLM's own multi-node engine (`--nnodes`, `--node-rank`, "
                    "`--headless` workers); `ray`: a Ray cluster (`vllm-ray.service` on each "
                    "node) and vLLM on the head with `--distributed-executor-backend=ray` "
                    "(the stack must pin `ray`).",

@@ -41,10 +41,11 @@ from lab import wheels
 from vigil.deploy.apply import Options
 from vigil.deploy.group import deploy_group
 from vigil.desired import inventory
+from vigil.desired.engines.ray import RAY_NODES, ray_alive_nodes
 from vigil.desired.groups import NodeGroup, resolve_group
 from vigil.exitcodes import ExitCode
 from vigil.report import Log
-from vigil.verify.group import RAY_NODES, GroupState, ray_alive_nodes, verify_group
+from vigil.verify.group import GroupState, verify_group
 from vigil.verify.watch import Settings
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]

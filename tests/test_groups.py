@@ -24,6 +24,7 @@ import pytest
 
 from vigil.deploy.group import order, plan_group, releases, rollback_steps, target_of
 from vigil.desired import group_spec, inventory
+from vigil.desired.engines.ray import RAY_NODES, ray_alive_nodes
 from vigil.desired.groups import CPU_LAUNCHER, NodeGroup, resolve_group
 from vigil.desired.targets import Target
 from vigil.errors import ConfigError, RefusedError
@@ -31,14 +32,12 @@ from vigil.tasks.group import _group_log
 from vigil.verify import replay
 from vigil.verify.budgets import BudgetKey, Budgets
 from vigil.verify.group import (
-    RAY_NODES,
     GroupState,
     NodeView,
     RayJoin,
     every,
     group_key,
     group_state,
-    ray_alive_nodes,
     watch_group,
 )
 from vigil.verify.reducer import Fatal, PhaseSpan, WatchState, initial, step
@@ -103,12 +102,12 @@ def test_ray_units_start_the_cluster_and_vllm_on_the_head_only() -> None:
     assert head.serves and not worker.serves
     assert _exec_start(head.target.rendered.unit_text)[-1] == \
         "--distributed-executor-backend=ray"
-    assert head.ray is not None and worker.ray is not None
-    assert list(head.ray.argv) == [
+    assert head.side is not None and worker.side is not None
+    assert list(head.side.argv) == [
         "/opt/vigil/envs/current/bin/ray", "start", "--block", "--disable-usage-stats",
         "--node-ip-address=10.0.0.13", "--head", "--port=6379", "--num-gpus=8"]
-    assert "--address=10.0.0.13:6379" in worker.ray.argv and "--head" not in worker.ray.argv
-    assert "Before=vllm.service" in head.ray.text and "Before=" not in worker.ray.text
+    assert "--address=10.0.0.13:6379" in worker.side.argv and "--head" not in worker.side.argv
+    assert "Before=vllm.service" in head.side.text and "Before=" not in worker.side.text
 
 
 def test_cpu_nodes_run_the_cli_through_the_launcher(tmp_path: Path) -> None:
@@ -131,8 +130,8 @@ def _golden_files() -> dict[str, str]:
             if n.serves:
                 files[f"{base}/vllm.service"] = n.target.rendered.unit_text
                 files[f"{base}/vllm.env"] = n.target.rendered.env_masked
-            if n.ray is not None:
-                files[f"{base}/{n.ray.name}"] = n.ray.text
+            if n.side is not None:
+                files[f"{base}/{n.side.name}"] = n.side.text
     return files
 
 
@@ -206,7 +205,7 @@ def test_the_lab_deploys_a_cpu_ray_group_only_when_told_and_is_told_it_fails(
     head, worker = g.nodes
     argv = _exec_start(head.target.rendered.unit_text)
     assert argv[1:3] == ["-c", CPU_LAUNCHER] and argv[-1] == "--distributed-executor-backend=ray"
-    assert head.ray is not None and worker.ray is not None and not worker.serves
+    assert head.side is not None and worker.side is not None and not worker.serves
     # every group task's log says the note first, before any host is touched
     _group_log(g)("-", "first host line")
     said = capsys.readouterr().out.splitlines()
@@ -555,13 +554,13 @@ def test_a_ray_group_starts_the_cluster_then_vllm_and_restarts_as_one() -> None:
 def test_a_ray_unit_is_a_release_of_its_own() -> None:
     g = resolve_group(inventory.load(GOLDEN / "inventory"), "glm-ray", operator_env=ENV)
     head, worker = g.nodes
-    assert head.ray is not None and worker.ray is not None
-    t = worker.ray.target
+    assert head.side is not None and worker.side is not None
+    t = worker.side.target
     step = rollback_steps(g, {"gpu-d/ray": True})[0]
     assert target_of(g, step) is t
     # its own unit, env file, backup and lock; the group's environment; no GPU checks or
     # watch of its own (the group's verify judges it)
-    assert t.vars.service == "vllm-ray" and t.rendered.unit_text == worker.ray.text
+    assert t.vars.service == "vllm-ray" and t.rendered.unit_text == worker.side.text
     assert t.rendered.paths.unit == "/etc/systemd/system/vllm-ray.service"
     assert t.rendered.paths.env == "/etc/vigil/vllm-ray.env"
     assert "EnvironmentFile=/etc/vigil/vllm-ray.env" in t.rendered.unit_text
@@ -761,3 +760,12 @@ def test_the_drain_runs_after_the_install_and_right_before_the_restarting_round_
     apply_plan(LocalTransport("h1"), t, Plan("h1", (write,), False), lambda _: None, [],
                before_stop=drain)
     assert drained == ["A=1\n"]
+
+
+def test_every_engine_module_is_found_and_an_unknown_backend_names_them() -> None:
+    from vigil.desired import engines
+    modules = {p.stem for p in Path(engines.__file__).parent.glob("*.py")}
+    assert set(engines.registry()) == modules - {"__init__", "base"} == {"native", "ray"}
+    with pytest.raises(ConfigError, match=r"backend 'mpi' is not an engine vigil knows") as err:
+        engines.engine("mpi", "g.yml")
+    assert err.value.fix == "use one of: native, ray"

@@ -62,15 +62,13 @@ def order(group: NodeGroup) -> tuple[str, ...]:
 
 
 def releases(group: NodeGroup) -> tuple[tuple[str, str, Target], ...]:
-    """(node, unit, target) of every release in start order. native: every node's vLLM
-    unit, the head first (its master waits for the workers' ranks); ray: the Ray head's
-    unit, the Ray workers' units, then vLLM on the head (its executor places its workers
-    on the cluster that is up)."""
+    """(node, unit, target) of every release in start order: the engine's own units by
+    rank (ray: the Ray head, then its workers: the cluster comes up first), then vLLM on
+    every node that serves, by rank (native: the head first, its master waits for the
+    workers' ranks; ray: the head only, its executor places the workers on the cluster)."""
     nodes = sorted(group.nodes, key=lambda n: n.rank)
-    if group.spec.backend == "native":
-        return tuple((n.name, "vllm", n.target) for n in nodes)
-    rays = tuple((n.name, "ray", n.ray.target) for n in nodes if n.ray is not None)
-    return (*rays, (group.head.name, "vllm", group.head.target))
+    sides = tuple((n.name, n.side.label, n.side.target) for n in nodes if n.side is not None)
+    return (*sides, *((n.name, "vllm", n.target) for n in nodes if n.serves))
 
 
 def plan_group(group: NodeGroup, changes: Mapping[str, bool], *,

@@ -36,18 +36,16 @@ class Port:
 
 
 def ports(group: NodeGroup) -> tuple[Port, ...]:
-    spec = group.spec
-    if spec.backend == "ray":
-        return (Port("ray_port", spec.ray_port),)
-    return (Port("master_port", spec.master_port),)
+    """The engine's rendezvous: what the workers dial first on the head."""
+    return tuple(Port(key, number) for key, number in group.engine.rendezvous(group.spec))
 
 
 def units(group: NodeGroup) -> list[str]:
     """The head's own units: a port they hold is the group's, not a stranger's."""
     head = group.nodes[0]
     out = [f"{head.target.vars.service}.service"]
-    if head.ray is not None:
-        out.append(head.ray.name)
+    if head.side is not None:
+        out.append(head.side.name)
     return out
 
 

@@ -4,8 +4,6 @@ and rendering (``groups.py``) build on it."""
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field
 
 from vigil.desired.config import Name, SafeText, Strict
@@ -20,7 +18,7 @@ class NodeGroupSpec(Strict):
     description: SafeText = ""
     head: Name
     workers: list[Name] = Field(min_length=1)
-    backend: Literal["native", "ray"] = "native"
+    backend: Name = "native"  # an engine of vigil/desired/engines/ (checked on resolving)
     master_addr: SafeText | None = Field(None, description="default: the head's address")
     master_port: int = Field(29501, ge=1, le=65535)
     ray_port: int = Field(6379, ge=1, le=65535)

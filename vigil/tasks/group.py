@@ -157,10 +157,10 @@ def render(c: Context, name: str, out: str = "rendered", set_: list[str] | None 
             where = out_path(c, out) / name / n.name
             if n.serves:
                 echo("\n".join(review.write_files(n.target, where)))
-            if n.ray is not None:
+            if n.side is not None:
                 where.mkdir(parents=True, exist_ok=True)
-                (where / n.ray.name).write_text(n.ray.text)
-                echo(f"{where / n.ray.name}  ({n.ray.path} on {n.name})")
+                (where / n.side.name).write_text(n.side.text)
+                echo(f"{where / n.side.name}  ({n.side.path} on {n.name})")
 
 
 @vigil_task(help={"name": NAME_HELP})

@@ -15,7 +15,6 @@ module only combines the states:
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import time
@@ -37,6 +36,7 @@ from vigil.verify.watch import POLL_S, Poller, ProbeTarget, Settings, trace_path
 
 if TYPE_CHECKING:
     from vigil.desired.config import HostVars
+    from vigil.desired.engines.base import ClusterProbe
     from vigil.desired.groups import NodeGroup
 
 JOIN_PHASE = "distributed_init"
@@ -100,36 +100,6 @@ class RayJoin:
     @property
     def complete(self) -> bool:
         return self.alive is not None and self.alive >= self.expected
-
-
-# Run by the group environment's python on the head: ``python -c RAY_NODES HEAD:PORT``.
-# ``ray.nodes()`` answered in 2.3 s where ``ray status`` took 86 s on the lab's 2 cores.
-# A head that does not listen answers at once instead of ray.init's retries.
-RAY_NODES = (
-    "import json,socket,sys\n"
-    "h,_,p=sys.argv[1].rpartition(':')\n"
-    "try:\n socket.create_connection((h,int(p)),5).close()\n"
-    "except OSError as e:\n sys.exit('ray head %s: %s'%(sys.argv[1],e))\n"
-    "import ray\n"
-    "ray.init(address=sys.argv[1],logging_level='ERROR',log_to_driver=False)\n"
-    "print(json.dumps(ray.nodes(),default=str))\n"
-)
-
-
-def ray_alive_nodes(text: str) -> int | None:
-    """Live nodes in RAY_NODES' output (``ray.nodes()`` as JSON: one record per node,
-    ``Alive`` false once a node died). None when no node list came back."""
-    for line in reversed(text.splitlines()):
-        if not line.startswith("["):
-            continue
-        try:
-            nodes = json.loads(line)
-        except ValueError:
-            return None
-        if not isinstance(nodes, list):
-            return None
-        return sum(1 for n in nodes if isinstance(n, dict) and n.get("Alive") is True)
-    return None
 
 
 def has_joined(v: NodeView) -> bool:
@@ -375,8 +345,10 @@ def verify_group(
         if state_dir is not None:
             traces = {n: stack.enter_context(_open(trace_path(state_dir, n))) for n in probes}
         ray_check = None
-        if group.spec.backend == "ray":
-            ray_check = every(RAY_CHECK_S, partial(_ray_join, transports[head.name], group))
+        probe = group.engine.cluster_probe(group.spec, group.master_addr)
+        if probe is not None:
+            ray_check = every(RAY_CHECK_S, partial(_ray_join, transports[head.name], group,
+                                                   probe))
         out = watch_group(probes, {n.name: n.rank for n in group.nodes if n.serves},
                           head_poller.smoke, budgets, poll_s=settings.poll_s or POLL_S,
                           on_poll=on_poll, deadline_s=deadline_s, traces=traces,
@@ -398,19 +370,18 @@ def verify_group(
         return out
 
 
-def _ray_join(transport: Transport, group: NodeGroup) -> RayJoin:
-    """RAY_NODES on the head, with the group's environment, against its Ray head."""
+def _ray_join(transport: Transport, group: NodeGroup, probe: ClusterProbe) -> RayJoin:
+    """The engine's cluster probe on the head, with the group's environment."""
     t = group.head.target
-    head = f"{group.master_addr}:{group.spec.ray_port}"
     command = privileged(
-        f"{shlex.quote(t.rendered.paths.python)} -c {shlex.quote(RAY_NODES)} "
-        f"{shlex.quote(head)}", t.vars, transport)
+        f"{shlex.quote(t.rendered.paths.python)} -c {shlex.quote(probe.script)} "
+        f"{shlex.quote(probe.arg)}", t.vars, transport)
     try:
         r = transport.run(command, timeout=120)
     except VigilError as exc:
         return RayJoin(None, len(group.nodes), str(exc))
     err = None if r.exit_status == 0 else (r.stderr.strip()[-300:] or f"exit {r.exit_status}")
-    return RayJoin(ray_alive_nodes(r.stdout), len(group.nodes), err)
+    return RayJoin(group.engine.alive_nodes(r.stdout), len(group.nodes), err)
 
 
 def every(seconds: float, check: Callable[[], RayJoin],
