@@ -817,8 +817,6 @@ PHASE_EVIDENCE: dict[str, list[tuple[str, str]]] = {
         ("marker 0.9", "INFO 05-16 13:20:00 [core.py:1] init engine (profile, create kv cache, "
          "warmup model) took 70.10 seconds"),
         ("marker uvicorn", "INFO:     Started server process [3976]"),
-        ("marker 0.10", "(APIServer pid=4548) INFO 01-06 23:26:32 [api_server.py:1020] Supported "
-         "tasks: ['generate']"),
         ("marker 0.11", "(APIServer pid=4548) INFO 01-06 23:26:32 [serving_chat.py:180] Warming "
          "up chat template processing..."),
         ("frame", f'File "{V}/entrypoints/launcher.py", line 1, in serve_http'),

@@ -226,9 +226,9 @@ PHASE_RECORDS: tuple[Phase, ...] = (
                 r"(?P<seconds>[0-9.]+)"),
             # ≤0.15 "Starting vLLM API server 0 on", later "Starting vLLM server on"
             _mk("server_starting", "progress", r"Starting vLLM (?:API )?server (?:\d+ )?on"),
-            # the API server setting up its app once the engine is up (0.10+): the tasks the
-            # engine supports, the chat template's warmup (serving_chat, 0.11+)
-            _mk("supported_tasks", "progress", r"^Supported tasks: \["),
+            # the API server setting up its chat endpoint once the engine is up
+            # (serving_chat, 0.11+); not "Supported tasks: […]", which the offline LLM
+            # class logs too
             _mk("chat_warmup", "progress",
                 r"Warming up chat template processing|Chat template warmup completed"),
             _mk("routes", "progress", r"Available routes are:|Route: /\S*, Methods:"),
