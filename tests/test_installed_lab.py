@@ -100,6 +100,9 @@ def test_the_installed_wheel_carries_the_tool_and_nothing_of_the_checkout(
                     "host/agent.py", "scaffold/vigil.yaml"):
         assert (package / shipped).is_file(), shipped
     assert not (package.parent / "lab").exists()  # the lab is the checkout's test bench
+    # every module of the checkout's package, none left out of the wheel
+    ours = {p.relative_to(REPO / "vigil") for p in (REPO / "vigil").rglob("*.py")}
+    assert ours <= {p.relative_to(package) for p in package.rglob("*.py")}
     version = run([str(installed / "vigil"), "--version"], cwd=installed)
     assert version.returncode == 0 and version.stdout.startswith("vigil "), version.stdout
     listed = run([str(installed / "vigil"), "--list"], cwd=installed)
