@@ -442,3 +442,34 @@ def test_the_deploy_task_s_check_json_carries_the_predictions(
                                                               abs=0.11)
     else:
         assert "prediction" not in doc
+
+
+def test_verify_says_the_prediction_before_the_watch_and_keeps_it_on_the_outcome(
+        tmp_path: Path) -> None:
+    """End to end on the lab's cold trace, the host faked: a first start (no history),
+    then the same start again, predicted from the first and measured against it."""
+    from tests.conftest import target_in
+    from tests.test_watch import FakeClock, RecordedHost, lab_trace
+
+    t = target_in(tmp_path, "hosts:\n  lab5: {address: 127.0.0.1, ssh_port: 2205, "
+                  "model: tiny-cpu, stack: lab-cpu}\n", "lab5")
+    snaps = lab_trace("lab-cold-ready.jsonl")
+    clock = FakeClock()
+    notes: list[str] = []
+    seen: list[predict.Prediction] = []
+    first = RecordedHost(snaps)
+    out = watch.verify_target(t, watch.Settings(), tmp_path / "a", transport=first,
+                              clock=clock, sleep=clock.sleep,
+                              on_note=lambda h, m: notes.append(m),
+                              on_predict=lambda h, p: seen.append(p))
+    assert out.prediction is not None and out.prediction.basis == "none"
+    assert "prediction: no history of tiny-cpu on cpu-2c (cold cache): no prediction: the " \
+        "cache directory was empty at the start" in notes
+    second = RecordedHost(snaps, history_text=first.history)
+    again = watch.verify_target(t, watch.Settings(), tmp_path / "b", transport=second,
+                                clock=clock, sleep=clock.sleep,
+                                on_predict=lambda h, p: seen.append(p))
+    assert again.prediction is not None and again.prediction is seen[-1]
+    assert (again.prediction.basis, again.prediction.n) == ("host", 1)
+    got = verify_report.outcome_json(again)["prediction"]
+    assert got["actual_s"] == 88.4 and got["error_pct"] == 0.0  # the same start, twice
