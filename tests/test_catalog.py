@@ -675,6 +675,8 @@ def test_a_rendezvous_that_gave_up_is_a_distributed_init_timeout(line: str, note
      "resources.", "not_enough_gpus"),
     ("ValueError: Cannot provide a placement group requiring 4.0 GPUs (placement_group_specs="
      "[{'GPU': 1.0}]) within 1800 seconds.", "not_enough_gpus"),
+    ("RuntimeError: DP Coordinator process failed to report ZMQ addresses during startup",
+     "distributed_init_timeout"),
 ])
 def test_a_platforms_own_wording_names_its_cause(line: str, cause: str) -> None:
     m = catalog.classify(line)
@@ -717,6 +719,8 @@ def test_the_unified_runtimes_catch_all_code_is_not_called_out_of_memory() -> No
      "store_barrier", "distributed_init"),
     ("DEBUG 05-31 01:52:28 client.py:191] Waiting for output from MQLLMEngine.",
      "v0_engine_output", None),
+    ("(EngineCore_DP1 pid=9) INFO 05-28 14:36:30 [core.py:1] Waiting for READY message from DP "
+     "Coordinator...", "dp_coordinator_ready", "engine_init"),
 ])
 def test_a_wait_line_is_alive_not_progress_and_names_what_it_waits_for(
         line: str, wait: str, phase: str | None) -> None:

@@ -619,3 +619,25 @@ def test_a_plain_log_that_ends_waiting_is_undecided_and_says_what_it_waits_for()
         st = reducer.step(st, snap, b, log_only=True)
     assert st.verdict is None
     assert any("Ray placement group" in w and "not_enough_gpus" in w for w in st.warnings)
+
+
+@pytest.mark.parametrize(("line", "cause"), [
+    ("(EngineCore_DP1 pid=9) INFO 05-28 14:36:30 [core.py:1] Waiting for READY message from DP "
+     "Coordinator...", "distributed_init_timeout"),
+    ("(APIServer pid=1) DEBUG 08-09 20:55:10 [v1/engine/utils.py:1262] Waiting for 2 local, 2 "
+     "remote core engine proc(s) to start.", "distributed_init_timeout"),
+    ("INFO 05-01 10:00:00 distributed_c10d.py:1] Waiting in store based barrier to initialize "
+     "process group for rank: 0, key: k (world_size=2, num_workers_joined=1)",
+     "distributed_init_timeout"),
+    ("(autoscaler +1m2s) Error: No available node types can fulfill resource request "
+     "{'GPU': 1.0}. Add suitable node types to this cluster to resolve this issue.",
+     "not_enough_gpus"),
+])
+def test_a_rendezvous_or_cluster_wait_that_never_ends_is_stalled_with_its_cause(
+        line: str, cause: str) -> None:
+    snaps = [_snap(0, "Initializing a V1 LLM engine (v0.11.0) with config: model='/m'",
+                   unit=UP)]
+    snaps += [_snap(10.0 * i, line, unit=UP) for i in range(1, 40)]
+    final = next(s for s in fold(snaps) if s.verdict is not None)
+    assert (final.verdict, final.cause) == ("stalled", cause)
+    assert final.remedy == catalog.remedy_for(cause)

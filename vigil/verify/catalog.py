@@ -470,7 +470,10 @@ CAUSES: tuple[Cause, ...] = (
          r"|The client socket has timed out after \d+ ?ms while trying to connect to "
          r"\((?P<host>[^,()]{1,200}), ?(?P<port>\d+)\)"
          r"|DistStoreError: [Ww]ait timeout after \d+ ?ms"
-         r"|Timed out initializing process group in store based barrier",),
+         r"|Timed out initializing process group in store based barrier"
+         # V1's DP coordinator process not up within its startup timeout (vllm#37452:
+         # 30 s, --data-parallel-coordinator-startup-timeout since #43611)
+         r"|DP Coordinator process failed to report ZMQ addresses during startup",),
         ("0.5", "0.8", "0.9"),
         "the distributed rendezvous timed out: a rank{joined_note} never joined (another node "
         "or data-parallel rank did not start, or failed before it connected), or it cannot "
@@ -922,6 +925,12 @@ WAITS: tuple[Wait, ...] = (
          re.compile(r"Waiting for (?:\d+ local, \d+ remote |\d+ )?core engine proc\(s\) to "
                     r"start"),
          reached="engine_init"),
+    # a data-parallel engine core, once it is up, waits for the DP coordinator to say all
+    # ranks are (EngineCoreProc's handshake, INFO, once): a rank that never comes up keeps
+    # every other one here
+    Wait("dp_coordinator_ready", "the other data-parallel ranks (the DP coordinator's READY)",
+         re.compile(r"Waiting for READY message from DP Coordinator"),
+         cause="distributed_init_timeout"),
     # torch.distributed: the store-based barrier (distributed_c10d._store_based_barrier,
     # INFO, "Waiting in store based barrier to initialize process group for rank: 0, key:
     # … (world_size=2, num_workers_joined=1, timeout=0:30:00)") and TCPStore's client
