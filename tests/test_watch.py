@@ -492,7 +492,7 @@ def test_sigstop_trace_shows_the_frozen_worker_and_a_flat_cache() -> None:
 def test_first_poll_skips_the_previous_runs_lines() -> None:
     """A restart puts the old run's shutdown (EngineDeadError…) in the same second as the
     new start; the probe's first poll keeps only this run's lines."""
-    from vigil.host import agent as probe
+    from tests.agent_payload import agent as probe
 
     start_us = 1_795_949_052_500_000
     old = {"__REALTIME_TIMESTAMP": str(start_us - 200_000), "_SYSTEMD_INVOCATION_ID": "a1"}
