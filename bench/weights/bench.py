@@ -18,7 +18,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from vigil.host import agent
+from vigil.host import payload
+
+agent = payload.load()  # the joined script a host runs
 
 
 def make(root: Path, shards: int, tensors: int, tensor_bytes: int) -> int:
