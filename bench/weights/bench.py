@@ -56,7 +56,7 @@ def main() -> None:
         times = []
         for _ in range(5):
             t0 = time.perf_counter()
-            out = agent.weight_layouts(str(root))
+            out = agent.weight_layouts(str(root), agent.read_json(str(root / agent.INDEX_FILE)))
             times.append(time.perf_counter() - t0)
         files = out["safetensors"].values()
         read = sum(8 + f["header_len"] for f in files)
