@@ -98,8 +98,8 @@ def test_first_deploy_installs_switches_writes_enables_starts() -> None:
                   packages=None, service={"ActiveState": "inactive", "UnitFileState": "",
                                           "MainPID": "0", "LoadState": "not-found"},
                   health=None, backup=False)
-    assert kinds(t, f) == ["install_env", "mark_env", "switch_env", "write_env",
-                           "write_unit", "systemctl", "systemctl", "restart"]
+    assert kinds(t, f) == ["install_env", "discard_env", "mark_env", "switch_env",
+                           "write_env", "write_unit", "systemctl", "systemctl", "restart"]
 
 
 def test_drifted_package_reinstalls() -> None:
@@ -140,15 +140,22 @@ def test_install_refused_without_disk() -> None:
         make_plan("llm-one", t.stack, t.rendered, f)
 
 
-def test_the_plan_lists_every_action_apply_sends_marking_the_new_environment_too() -> None:
-    """--check shows the whole truth: the install's mark_env (sent by apply once the
-    environment passed verification) is a planned action with its reason, right after
-    install_env, and names the environment it marks."""
+def test_the_plan_lists_every_action_apply_sends_marking_or_discarding_the_new_environment(
+) -> None:
+    """--check shows the whole truth: what follows the install's verification is planned
+    with its reason right after install_env, naming the environment: discard_env, only
+    if it fails (shown with that condition), else mark_env."""
     t = target()
     f = facts_for(t, packages=None)
     plan = make_plan("llm-one", t.stack, t.rendered, f)
-    install, mark = plan.actions[0], plan.actions[1]
-    assert (install.kind, mark.kind) == ("install_env", "mark_env")
-    assert mark.payload == {"env_dir": install.payload["env_dir"]}
+    install, discard, mark = plan.actions[:3]
+    assert (install.kind, discard.kind, mark.kind) == ("install_env", "discard_env", "mark_env")
+    env_dir = install.payload["env_dir"]
+    assert mark.payload == discard.payload == {"env_dir": env_dir}
+    assert (discard.when, mark.when) == ("the new environment fails verification", "")
     assert "passed verification" in mark.reason and "discarded" in mark.reason
-    assert any(line.startswith("mark_env: mark ") for line in plan.describe())
+    lines = plan.describe()
+    assert lines[1] == (f"discard_env (if the new environment fails verification): remove "
+                        f"{env_dir}, which the running release never used; nothing after "
+                        "it runs")
+    assert lines[2].startswith("mark_env: mark ")

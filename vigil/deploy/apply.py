@@ -82,7 +82,7 @@ def apply_install(
     """Build and verify a new environment first (one round trip); only a verified one is
     marked complete and switched to by the rest of the plan. A failure changes nothing
     the service uses: no switch, no restart, the old environment stays current."""
-    install = next((a for a in plan.actions if a.kind == "install_env"), None)
+    install = plan.step("install_env")
     if install is None:
         return []
     env_dir = install.payload["env_dir"]
@@ -91,9 +91,11 @@ def apply_install(
     (res,) = call(transport, t.vars, "apply", request, timeout=3600)["results"]
     problems = verify_install(t.stack, res, t.rendered.argv)
     if problems:
-        if res.get("ok"):
+        if res.get("ok"):  # built but refused: the plan's discard removes it
+            discard = plan.step("discard_env")
+            assert discard is not None, "make_plan lists discard_env after every install_env"
             call(transport, t.vars, "apply", {**agent_request(t), "actions": [
-                {"kind": "discard_env", "env_dir": env_dir}]}, timeout=600)
+                discard.wire()]}, timeout=600)
         detail = "\n  ".join(problems)
         if res.get("tail"):
             detail += "\n" + res["tail"]
@@ -107,7 +109,7 @@ def apply_install(
         )
     say(f"{env_dir} verified ({res.get('installer')}, {res.get('seconds')} s): pins, rules, "
         f"pip check, import {', '.join(t.stack.verify_imports)}")
-    mark = next((a for a in plan.actions if a.kind == "mark_env"), None)
+    mark = plan.step("mark_env")
     assert mark is not None, "make_plan lists mark_env after every install_env"
     return [{**mark.wire(), "packages": res.get("packages")}]
 
@@ -137,7 +139,8 @@ def apply_plan(transport: Transport, t: Target, plan: Plan, say: Callable[[str],
     if before_stop is not None and plan.restarts:
         before_stop()
     request = {**agent_request(t), "actions": first + [
-        a.wire() for a in plan.actions if a.kind not in ("install_env", "mark_env")]}
+        a.wire() for a in plan.actions
+        if a.kind not in ("install_env", "mark_env") and not a.when]}
     reply = call(transport, t.vars, "apply", request, timeout=3600)
     for i, res in enumerate(reply["results"]):
         if res["ok"] and done is not None:
@@ -234,6 +237,8 @@ def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
 
                     apply_plan(transport, t, plan, say, done,
                                before_stop=drain if hooks is not None else None)
+                    # what was done: a step whose condition never came is left out
+                    result.actions = [a.describe() for a in plan.actions if not a.when]
                     result.restarted = plan.restarts
                     need_wait = facts is not None and t.takes("verify") and (
                         plan.restarts or facts.health_status != 200)

@@ -28,15 +28,23 @@ from vigil.errors import RefusedError
 
 @dataclass(frozen=True)
 class Action:
-    # install_env | mark_env | backup | switch_env | remove_envs | write_env | write_unit
-    # | systemctl | kill | restart
+    # install_env | discard_env | mark_env | backup | switch_env | remove_envs | write_env
+    # | write_unit | systemctl | kill | restart (| the user roles' write_file)
     kind: str
     reason: str
     payload: dict[str, Any] = field(default_factory=dict)
     diff: str = ""  # unified diff, secrets masked
+    # A step that runs only on this condition, not in its turn: apply sends it then and
+    # only then, and --check shows it with the condition (the plan is the whole truth).
+    when: str = ""
 
     def wire(self) -> dict[str, Any]:
         return {"kind": self.kind, **self.payload}
+
+    def describe(self) -> str:
+        label = self.kind if self.kind != "systemctl" else \
+            "systemctl " + " ".join(self.payload["args"])
+        return f"{label}{f' (if {self.when})' if self.when else ''}: {self.reason}"
 
 
 @dataclass(frozen=True)
@@ -52,8 +60,11 @@ class Plan:
     def describe(self) -> list[str]:
         if not self.actions:
             return ["nothing to do"]
-        return [f"{a.kind if a.kind != 'systemctl' else 'systemctl ' + ' '.join(a.payload['args'])}"
-                f": {a.reason}" for a in self.actions]
+        return [a.describe() for a in self.actions]
+
+    def step(self, kind: str) -> Action | None:
+        """The plan's first step of this kind (apply sends the install's steps alone)."""
+        return next((a for a in self.actions if a.kind == kind), None)
 
 
 def _unit_keys(text: str | None) -> dict[str, list[str]]:
@@ -158,6 +169,7 @@ class RuntimePlan:
     target: str
     differences: tuple[str, ...]  # pins and rules the live environment breaks
     mark: Action | None = None  # marks the installed environment complete, once verified
+    discard: Action | None = None  # removes it instead, when it fails verification
 
 
 def plan_runtime(host_name: str, stack: Stack, r: Rendered, facts: HostFacts, *,
@@ -168,7 +180,7 @@ def plan_runtime(host_name: str, stack: Stack, r: Rendered, facts: HostFacts, *,
     min_free = int(hv.min_free_gib * 2**30)
     runtime = runtime_differences(stack, facts)
     target = in_use(r.paths.env_dir, facts)
-    install = mark = None
+    install = mark = discard = None
     if runtime or reinstall:
         if facts.disk_free_bytes < min_free:
             raise RefusedError(
@@ -181,10 +193,13 @@ def plan_runtime(host_name: str, stack: Stack, r: Rendered, facts: HostFacts, *,
         install = Action("install_env", "; ".join(runtime) or "--reinstall",
                          install_payload(stack, target, r.paths.current,
                                          installer=hv.installer))
+        discard = Action("discard_env", f"remove {target}, which the running release "
+                         "never used; nothing after it runs", {"env_dir": target},
+                         when="the new environment fails verification")
         mark = Action("mark_env", f"mark {target} complete once it passed verification "
                       "(pins, rules, pip check, imports); a failed one is discarded and "
                       "nothing after it runs", {"env_dir": target})
-    return RuntimePlan(install, target, tuple(runtime), mark)
+    return RuntimePlan(install, target, tuple(runtime), mark, discard)
 
 
 def plan_service(host_name: str, r: Rendered, facts: HostFacts, runtime: RuntimePlan, *,
@@ -192,9 +207,8 @@ def plan_service(host_name: str, r: Rendered, facts: HostFacts, runtime: Runtime
     """Service role (pure): switch to the runtime's environment, write the unit and env
     file, keep the replaced release, restart only when something it runs changed."""
     hv = host
-    actions: list[Action] = [runtime.install] if runtime.install else []
-    if runtime.mark:
-        actions.append(runtime.mark)
+    # the install, then what follows its verification: a discard if it fails, else a mark
+    actions = [a for a in (runtime.install, runtime.discard, runtime.mark) if a is not None]
     target = runtime.target
     switch = facts.current_env != target
     unit_changed = facts.unit_text != r.unit_text
