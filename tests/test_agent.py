@@ -8,12 +8,14 @@ from pathlib import Path
 from tests.agent_payload import agent
 from vigil.host import payload
 
-PLAN = Path(__file__).parent.parent / "vigil" / "deploy" / "plan.py"
+# The plans apply sends (tests/test_apply.py holds it to them): the release's and the roles'.
+DEPLOY = Path(__file__).parent.parent / "vigil" / "deploy"
+PLANNERS = [DEPLOY / "plan.py", DEPLOY / "roles.py"]
 
 
 def test_every_planned_action_kind_has_an_applier() -> None:
-    planned = set(re.findall(r'Action\(\s*"(\w+)"', PLAN.read_text()))
-    planned |= {"mark_env", "discard_env", "write_unit", "write_env"}  # sent by deploy/apply
+    planned = {k for p in PLANNERS for k in re.findall(r'Action\(\s*"(\w+)"', p.read_text())}
+    assert {"install_env", "discard_env", "mark_env", "write_env", "write_file"} <= planned
     assert planned <= set(agent.APPLIERS), planned - set(agent.APPLIERS)
 
 
