@@ -474,6 +474,8 @@ def test_every_cause_record_is_complete_and_its_remedy_fills_from_the_line() -> 
      ("^[[0;36m(APIServer pid=3)^[[0;0m INFO 12-28 04:44:45 [utils.py:253] hi", "hi"),
      ("vllm-1  | ERROR 11-18 18:07:28 engine.py:366] ValueError: x", "ValueError: x"),
      ("│ ERROR 09-27 06:46:46 engine.py:157] RuntimeError: y     │", "RuntimeError: y"),
+     ("┃ INFO 09-27 06:46:46 engine.py:157] hi ┃  ", "hi"),
+     ("INFO 09-27 06:46:46 engine.py:157] no border" + " " * 30000, "no border"),
      ("(RayWorkerWrapper pid=11876, ip=172.19.197.159) INFO 04-25 14:54:40 [loader.py:458] "
       "Loading weights took 36.24 seconds", "Loading weights took 36.24 seconds"),
      # a launcher relaying the child's stderr (Mini-o3/Mini-o3#16)
