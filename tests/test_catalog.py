@@ -679,6 +679,9 @@ def test_a_rendezvous_that_gave_up_is_a_distributed_init_timeout(line: str, note
      "[{'GPU': 1.0}]) within 1800 seconds.", "not_enough_gpus"),
     ("RuntimeError: DP Coordinator process failed to report ZMQ addresses during startup",
      "distributed_init_timeout"),
+    # TCPStore's give-up with the count cut by the paste (vllm-ascend#167)
+    ("torch.distributed.DistStoreError: Timed out after 1801 seconds waiting for clients. 1/",
+     "distributed_init_timeout"),
 ])
 def test_a_platforms_own_wording_names_its_cause(line: str, cause: str) -> None:
     m = catalog.classify(line)
@@ -779,6 +782,8 @@ PHASE_EVIDENCE: dict[str, list[tuple[str, str]]] = {
          "init_distributed_environment"),
         ("wait", "INFO 05-01 10:00:00 distributed_c10d.py:1] Waiting in store based barrier to "
          "initialize process group for rank: 0, key: k (world_size=2, num_workers_joined=1)"),
+        ("torch frame", 'File "/work/.env/py310/lib/python3.10/site-packages/torch/distributed/'
+         'distributed_c10d.py", line 1520, in init_process_group'),
     ],
     "loading_weights": [
         ("marker 0.9", "(VllmWorker rank=0 pid=1) INFO 05-16 13:09:10 [gpu_model_runner.py:1] "

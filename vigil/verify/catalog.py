@@ -465,8 +465,8 @@ CAUSES: tuple[Cause, ...] = (
         # timed out after 600000ms while trying to connect to (host, port)", socket.cpp),
         # a store wait ("DistStoreError: wait timeout after 600000ms") and
         # distributed_c10d's store-based barrier; vllm#17056 (DP 4), #19670, #12526
-        (r"Timed out after \d+ seconds waiting for clients\. (?P<joined>\d+)/(?P<world>\d+) "
-         r"clients joined"
+        (r"Timed out after \d+ seconds waiting for clients(?:\. (?P<joined>\d+)/(?P<world>\d+) "
+         r"clients joined)?"
          r"|The client socket has timed out after \d+ ?ms while trying to connect to "
          r"\((?P<host>[^,()]{1,200}), ?(?P<port>\d+)\)"
          r"|DistStoreError: [Ww]ait timeout after \d+ ?ms"
@@ -1219,9 +1219,19 @@ _TORCH_CAPTURE = re.compile(
     r'(?:capture_begin|capture_end|__enter__|__exit__)\b')
 
 
+# torch.distributed's rendezvous (init_process_group through the TCP store): at startup
+# only vLLM's distributed init calls it, so its frames prove that phase where a paste keeps
+# no vLLM frame (vllm-ascend#167, vllm#16334).
+_TORCH_RENDEZVOUS = re.compile(
+    r'^File "[^"]{0,400}torch[/\\]distributed[/\\](?:distributed_c10d|rendezvous)\.py", '
+    r"line \d+, in (?:init_process_group|_tcp_rendezvous_handler|_create_c10d_store)\b")
+
+
 def _reached(line: Line, msg: str) -> str | None:
     if _TORCH_CAPTURE.match(msg):
         return "capturing_graphs"
+    if _TORCH_RENDEZVOUS.match(msg):
+        return "distributed_init"
     frame = _FRAME.match(msg) or _WORKER_METHOD.search(msg)
     if frame:
         func = frame.group("func")
