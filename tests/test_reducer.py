@@ -641,3 +641,16 @@ def test_a_rendezvous_or_cluster_wait_that_never_ends_is_stalled_with_its_cause(
     final = next(s for s in fold(snaps) if s.verdict is not None)
     assert (final.verdict, final.cause) == ("stalled", cause)
     assert final.remedy == catalog.remedy_for(cause)
+
+
+def test_a_plain_log_stopped_while_waiting_says_the_stop_and_the_wait() -> None:
+    b = Budgets()
+    st = reducer.initial()
+    lines = [PG_WAIT.format(s=10 * i) for i in range(1, 16)]
+    lines.append("(APIServer pid=1) INFO 06-07 18:16:30 [launcher.py:1] Received signal SIGTERM")
+    for i, text in enumerate(lines, 1):
+        snap = Snapshot(time=10.0 * i, journal=Journal(lines=(LogLine(us=int(10e6 * i),
+                                                                      text=text),)))
+        st = reducer.step(st, snap, b, log_only=True)
+    assert (st.verdict, st.cause) == ("stopped", "not_enough_gpus")
+    assert st.proof is not None and "after waiting 2:30 for a Ray placement group" in st.proof

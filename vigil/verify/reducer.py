@@ -503,7 +503,8 @@ def _fold_lines(st: WatchState, snap: Snapshot, now: float) -> tuple[_Fold, Watc
             f.noise += 1
             if m.wait is not None and not (f.st.started_at is not None
                                            and t < f.st.started_at):
-                f.st = _waited(f.st, m, entry.text, t)
+                # a wait line is this start's own (a stop after it is this start's stop)
+                f.st = replace(_waited(f.st, m, entry.text, t), begun=True)
                 if m.reached is not None and f.st.verdict != "ready":
                     f.phase_changed |= _advance(f.spans, m.reached, t)
             continue
