@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from vigil.deploy import progress
 from vigil.deploy import roles as roles_plan
 from vigil.deploy.facts import HostFacts, parse_facts
 from vigil.deploy.gpucheck import GpuPolicy
@@ -88,7 +89,8 @@ def apply_install(
     env_dir = install.payload["env_dir"]
     say(f"installing {t.stack.name} into {env_dir} (minutes)")
     request = {**agent_request(t), "actions": [install.wire()]}
-    (res,) = call(transport, t.vars, "apply", request, timeout=3600)["results"]
+    (res,) = call(transport, t.vars, "apply", request, timeout=3600,
+                  on_progress=lambda p: say(progress.describe(p)))["results"]
     problems = verify_install(t.stack, res, t.rendered.argv)
     if problems:
         if res.get("ok"):  # built but refused: the plan's discard removes it

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from vigil.host.common import O_NOFOLLOW, Json, _err, read_text, run, tail
 from vigil.host.files import write_atomic
+from vigil.host.progress import follow
 
 PY_LIST = (
     "import json,importlib.metadata as m;"
@@ -347,10 +348,17 @@ def redact(text: str) -> str:
 
 
 def run_logged(cmd: List[str], log: str, env: Dict[str, str]) -> int:
+    """The installer with its output in the log, its progress told as it goes."""
     with open(log, "a") as fh:
         fh.write("$ %s\n" % redact(" ".join(cmd)))
         fh.flush()
-        return subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env).returncode
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+    try:
+        return follow(proc, log)
+    finally:
+        if proc.poll() is None:  # the agent itself failed while following: leave no child
+            proc.kill()
+            proc.wait()
 
 
 def env_child(path: Any, paths: Dict[str, str]) -> Optional[str]:

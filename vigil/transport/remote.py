@@ -17,6 +17,7 @@ from typing import Any
 from vigil.desired.config import HostVars
 from vigil.errors import CommandError, HostError
 from vigil.host import payload
+from vigil.host.progress import PROGRESS_MARK
 from vigil.transport.ssh import Result, Transport, privileged
 
 
@@ -94,6 +95,17 @@ def reply(name: str, verb: str, result: Result) -> dict[str, Any]:
     return out
 
 
+def progress_of(line: str) -> dict[str, Any] | None:
+    """An agent's progress line on stderr (vigil/host/progress.py), else None."""
+    if not line.startswith(PROGRESS_MARK):
+        return None
+    try:
+        told = json.loads(line[len(PROGRESS_MARK):])
+    except ValueError:
+        return None
+    return told if isinstance(told, dict) else None
+
+
 def call_with(
     transport: Transport,
     as_root: Callable[[str], str],
@@ -102,11 +114,22 @@ def call_with(
     *,
     timeout: float | None = 120,
     python: str | None = None,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """`call` for a caller that holds a privilege wrapper instead of the host's variables."""
-    result = transport.run(as_root(agent_command(verb, python)),
-                           stdin=agent_stdin(json.dumps(request)), timeout=timeout)
-    return reply(transport.name, verb, result)
+    command, stdin = as_root(agent_command(verb, python)), agent_stdin(json.dumps(request))
+    if on_progress is None:
+        result = transport.run(command, stdin=stdin, timeout=timeout)
+    else:
+        def told(line: str) -> None:
+            progress = progress_of(line)
+            if progress is not None:
+                on_progress(progress)
+        result = transport.run(command, stdin=stdin, timeout=timeout, on_stderr=told)
+    # progress is not an error: a failure's message keeps only the rest of stderr
+    kept = "".join(ln for ln in result.stderr.splitlines(keepends=True)
+                   if not ln.startswith(PROGRESS_MARK))
+    return reply(transport.name, verb, Result(result.stdout, kept, result.exit_status))
 
 
 def call(
@@ -117,6 +140,7 @@ def call(
     *,
     timeout: float | None = 120,
     python: str | None = None,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     return call_with(transport, lambda c: privileged(c, host, transport), verb, request,
-                     timeout=timeout, python=python)
+                     timeout=timeout, python=python, on_progress=on_progress)

@@ -63,7 +63,11 @@ class Transport(Protocol):
     name: str
     round_trips: int
 
-    def run(self, command: str, *, stdin: str = "", timeout: float | None = None) -> Result: ...
+    def run(self, command: str, *, stdin: str = "", timeout: float | None = None,
+            on_stderr: Callable[[str], None] | None = None) -> Result:
+        """Run a command; ``on_stderr`` gets each line of its stderr as it comes (the
+        agent's progress), which stays in the result too."""
+        ...
 
     def hold(self, command: str) -> Held:
         """Start a command whose life is a resource; stdin stays open until release."""
@@ -151,18 +155,52 @@ class LocalTransport(Closing):
         self.round_trips = 0
         self.guards: list[Callable[[], None]] = []  # see host_lock
 
-    def run(self, command: str, *, stdin: str = "", timeout: float | None = None) -> Result:
+    def run(self, command: str, *, stdin: str = "", timeout: float | None = None,
+            on_stderr: Callable[[str], None] | None = None) -> Result:
         for guard in self.guards:
             guard()
         self.round_trips += 1
+        if on_stderr is None:
+            try:
+                proc = subprocess.run(
+                    ["bash", "-c", command], input=stdin, capture_output=True, text=True,
+                    timeout=timeout,
+                )
+            except subprocess.TimeoutExpired:
+                raise HostError(self.name, f"command timed out after {timeout:.0f} s") from None
+            return Result(proc.stdout, proc.stderr, proc.returncode)
+        return self._run_following(command, stdin, timeout, on_stderr)
+
+    def _run_following(self, command: str, stdin: str, timeout: float | None,
+                       on_stderr: Callable[[str], None]) -> Result:
+        live = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert live.stdin is not None and live.stdout is not None and live.stderr is not None
+        out: list[str] = []
+        err: list[str] = []
+        outs, errs = live.stdout, live.stderr
+
+        def read_err() -> None:
+            for line in errs:
+                err.append(line)
+                on_stderr(line.rstrip("\n"))
+
+        threads = [threading.Thread(target=lambda: out.append(outs.read()), daemon=True),
+                   threading.Thread(target=read_err, daemon=True)]
+        for th in threads:
+            th.start()
+        with contextlib.suppress(BrokenPipeError):
+            live.stdin.write(stdin)
+            live.stdin.close()
         try:
-            proc = subprocess.run(
-                ["bash", "-c", command], input=stdin, capture_output=True, text=True,
-                timeout=timeout,
-            )
+            code = live.wait(timeout)
         except subprocess.TimeoutExpired:
+            live.kill()
+            live.wait()
             raise HostError(self.name, f"command timed out after {timeout:.0f} s") from None
-        return Result(proc.stdout, proc.stderr, proc.returncode)
+        for th in threads:
+            th.join()
+        return Result("".join(out), "".join(err), code)
 
     def hold(self, command: str) -> _LocalHeld:
         self.round_trips += 1
@@ -692,7 +730,8 @@ class SSHTransport(Closing):
             ) from None
         return channel
 
-    def run(self, command: str, *, stdin: str = "", timeout: float | None = None) -> Result:
+    def run(self, command: str, *, stdin: str = "", timeout: float | None = None,
+            on_stderr: Callable[[str], None] | None = None) -> Result:
         for guard in self.guards:
             guard()
         self.round_trips += 1
@@ -701,6 +740,7 @@ class SSHTransport(Closing):
             channel.sendall(stdin.encode())
         channel.shutdown_write()
         out, err = bytearray(), bytearray()
+        told = 0  # bytes of err already passed to on_stderr
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             got = False
@@ -710,6 +750,8 @@ class SSHTransport(Closing):
             while channel.recv_stderr_ready():
                 err += channel.recv_stderr(65536)
                 got = True
+                if on_stderr is not None:
+                    told = _tell_lines(err, told, on_stderr)
             if channel.exit_status_ready() and not channel.recv_ready() \
                     and not channel.recv_stderr_ready():
                 break
@@ -736,6 +778,16 @@ class SSHTransport(Closing):
 
     def close(self) -> None:
         self.conn.close()
+
+
+def _tell_lines(err: bytearray, told: int, on_stderr: Callable[[str], None]) -> int:
+    """Pass each complete line of ``err`` past ``told`` to ``on_stderr``; the new mark."""
+    end = err.rfind(b"\n") + 1
+    if end > told:
+        for line in bytes(err[told:end]).decode(errors="replace").splitlines():
+            on_stderr(line)
+        return end
+    return told
 
 
 def _os_reason(exc: OSError) -> str:
