@@ -24,13 +24,8 @@ from vigil.desired.config import HostVars
 from vigil.desired.render import mask_env_text
 from vigil.desired.targets import Target
 from vigil.errors import ConfigError, TemplateError, UnreachableError
-from vigil.transport.ssh import (
-    KnownHosts,
-    SSHTransport,
-    host_matches,
-    known_hosts_files,
-    load_known_hosts,
-)
+from vigil.transport.hostkeys import KnownHosts, host_matches, known_hosts_files, load_known_hosts
+from vigil.transport.ssh import SSHTransport
 
 HOST = "lab2"
 INDEX = 2
@@ -656,8 +651,8 @@ def test_a11_malformed_request_is_one_json_error(
 
 def test_a11_controller_turns_an_agent_error_into_a_host_error() -> None:
     from vigil.errors import HostError
+    from vigil.transport.base import Result
     from vigil.transport.remote import reply
-    from vigil.transport.ssh import Result
 
     with pytest.raises(HostError, match="agent apply: malformed apply request"):
         reply("h1", "apply", Result('{"agent_error": "malformed apply request: x"}', "", 0))
@@ -893,7 +888,8 @@ def test_a13_rollback_waits_for_the_deploy_lock(
 ) -> None:
     from vigil.deploy.service import rollback
     from vigil.errors import LockTimeoutError
-    from vigil.transport.ssh import connect, deploy_lock
+    from vigil.transport.lock import deploy_lock
+    from vigil.transport.ssh import connect
     from vigil.verify.watch import Settings
 
     t = _lab_target(tmp_path, "a")
@@ -1020,7 +1016,8 @@ def _proc_state(pid: str) -> str:
 
 def test_a16_a_lost_lock_stops_the_next_command(tmp_path: Path) -> None:
     from vigil.errors import LockLostError
-    from vigil.transport.ssh import LocalTransport, host_lock
+    from vigil.transport.local import LocalTransport
+    from vigil.transport.lock import host_lock
 
     t = LocalTransport("here")
     hv = HostVars(connection="local")
@@ -2148,7 +2145,7 @@ def test_i21_9_accept_new_never_records_a_revoked_key(
 def test_i21_9_the_accept_new_policy_checks_revocation_before_writing(tmp_path: Path) -> None:
     import paramiko
 
-    from vigil.transport.ssh import _AcceptNew, _KeyRefused
+    from vigil.transport.hostkeys import _AcceptNew, _KeyRefused
 
     key = paramiko.ECDSAKey.generate()
     path = tmp_path / "known_hosts"

@@ -713,7 +713,7 @@ def test_apply_plan_says_what_the_host_completed_before_a_failure(tmp_path: Path
     from vigil.deploy.apply import apply_plan
     from vigil.deploy.plan import Action, Plan
     from vigil.errors import HostError
-    from vigil.transport.ssh import LocalTransport
+    from vigil.transport.local import LocalTransport
 
     t, env = _local_release(tmp_path)
     plan = Plan("h1", (Action("backup", "keep"), Action("write_env", "changed", {
@@ -736,7 +736,7 @@ def test_the_drain_runs_after_the_install_and_right_before_the_restarting_round_
     from vigil.deploy.plan import Action, Plan
     from vigil.deploy.runtime import install_payload
     from vigil.errors import HostError
-    from vigil.transport.ssh import LocalTransport
+    from vigil.transport.local import LocalTransport
 
     t, env = _local_release(tmp_path)
     env_dir = f"{tmp_path}/envs/new"

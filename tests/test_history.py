@@ -11,7 +11,7 @@ from tests.conftest import target_in
 from vigil.desired import targets as targets_mod
 from vigil.desired.config import Gpu
 from vigil.errors import ConfigError
-from vigil.transport.ssh import LocalTransport
+from vigil.transport.local import LocalTransport
 from vigil.verify import history
 from vigil.verify.budgets import BudgetKey, HistoryRecord, plan_budgets
 

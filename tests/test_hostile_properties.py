@@ -30,7 +30,8 @@ from vigil.desired.ansible import MAX_RANGE, expand_range
 from vigil.desired.config import NAME, HostVars
 from vigil.desired.render import env_quote, redact_env_text, systemd_quote
 from vigil.errors import ConfigError
-from vigil.transport.ssh import host_matches, privileged
+from vigil.transport.base import privileged
+from vigil.transport.hostkeys import host_matches
 from vigil.verify import history, replay
 
 # What the models let through to a unit or an env file: no C0/C1 control characters,

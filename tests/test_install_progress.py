@@ -16,7 +16,7 @@ from tests.agent_payload import agent
 from vigil.deploy import progress as shown
 from vigil.host import progress
 from vigil.transport import remote
-from vigil.transport.ssh import LocalTransport
+from vigil.transport.local import LocalTransport
 
 LOGS = Path(__file__).parent / "fixtures" / "install-logs"
 ORDER = ["starting", "resolving", "downloading", "installing", "installed"]

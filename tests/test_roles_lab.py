@@ -20,7 +20,8 @@ import pytest
 
 from lab import hosts as lab
 from vigil.desired import inventory
-from vigil.transport.ssh import Transport, connect
+from vigil.transport.base import Transport
+from vigil.transport.ssh import connect
 
 pytestmark = [pytest.mark.lab]
 

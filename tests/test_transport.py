@@ -14,8 +14,11 @@ import pytest
 from lab import hosts as lab
 from vigil.desired.config import HostVars
 from vigil.errors import ConfigError, LockTimeoutError, UnreachableError
+from vigil.transport.base import privileged
+from vigil.transport.local import LocalTransport
+from vigil.transport.lock import host_lock
 from vigil.transport.remote import call
-from vigil.transport.ssh import LocalTransport, connect, host_lock, privileged
+from vigil.transport.ssh import connect
 
 HOST = "lab2"
 INDEX = 2

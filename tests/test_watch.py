@@ -24,7 +24,8 @@ from tests.conftest import target_in
 from vigil.desired import targets as targets_mod
 from vigil.errors import HostError
 from vigil.transport import remote
-from vigil.transport.ssh import Held, LocalTransport, Result
+from vigil.transport.base import Held, Result
+from vigil.transport.local import LocalTransport
 from vigil.verify import history, reducer, replay, watch
 from vigil.verify.budgets import Budgets
 from vigil.verify.snapshot import Cache, CacheDir, Smoke, Snapshot, Unit

@@ -166,7 +166,8 @@ def one_start(host: str, index: int, fault: str | None) -> dict[str, Any]:
 
 def steady_cost(host: str, index: int, seconds: float = 30.0) -> dict[str, Any]:
     """The stream on a serving server: its CPU over `seconds`, per core."""
-    from vigil.transport.ssh import connect, privileged
+    from vigil.transport.base import privileged
+    from vigil.transport.ssh import connect
 
     t = targets_mod.resolve(inventory.load(ROOT / "inventory"), host)[0]
     sh(index, "systemctl start vllm")

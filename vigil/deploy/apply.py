@@ -31,8 +31,10 @@ from vigil.errors import (
     VigilError,
 )
 from vigil.report import HostResult, Log, failed_word
+from vigil.transport.base import Transport
+from vigil.transport.lock import host_lock, lock_owner
 from vigil.transport.remote import call
-from vigil.transport.ssh import Transport, connect, host_lock, lock_owner
+from vigil.transport.ssh import connect
 from vigil.verify.budgets import phase_defaults
 from vigil.verify.report import Reporter, outcome_json
 from vigil.verify.watch import Settings as WatchSettings

@@ -19,8 +19,10 @@ from vigil.desired.inventory import Inventory
 from vigil.desired.render import CACHE_ROOT, SMOKE_SECRETS, check_secrets, service_paths
 from vigil.desired.render import api_key as render_api_key
 from vigil.errors import HostError, InternalError, VigilError
+from vigil.transport.base import Transport, privileged
+from vigil.transport.lock import deploy_lock
 from vigil.transport.remote import call
-from vigil.transport.ssh import Transport, connect, deploy_lock, privileged
+from vigil.transport.ssh import connect
 from vigil.verify import systemd, watch
 from vigil.verify.report import Reporter
 

@@ -39,7 +39,7 @@ from vigil.tasks.common import (
     watch_settings,
     worst_code,
 )
-from vigil.transport.ssh import Transport
+from vigil.transport.base import Transport
 from vigil.verify import history as history_mod
 from vigil.verify import predict
 

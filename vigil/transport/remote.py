@@ -18,7 +18,7 @@ from vigil.desired.config import HostVars
 from vigil.errors import CommandError, HostError
 from vigil.host import payload
 from vigil.host.progress import PROGRESS_MARK
-from vigil.transport.ssh import Result, Transport, privileged
+from vigil.transport.base import Result, Transport, privileged
 
 
 @cache

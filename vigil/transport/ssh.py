@@ -1,219 +1,52 @@
-"""Connections to hosts: SSH through Fabric/paramiko, or the local machine.
-
-A transport runs one shell command per call with optional stdin, counts round trips
-(the deploy benchmark reports them) and can hold the host's deploy lock for as long as
-a context is open. Host keys are checked the way ``ssh`` checks them: against every
-known_hosts file ssh reads (UserKnownHostsFile and GlobalKnownHostsFile of the user's
-ssh config, else ~/.ssh/known_hosts and /etc/ssh/ssh_known_hosts) plus the inventory's
-``known_hosts`` (hashed names, wildcard and negated patterns, @revoked; a host vouched for
-only by @cert-authority is refused with the reason, as paramiko cannot check host
-certificates); or against fingerprints pinned in the inventory. ``host_key:
-accept-new`` trusts an unknown host once, writes its key to the inventory's known_hosts
-and says so; a changed key is refused in every mode.
+"""Connections to hosts over SSH (Fabric/paramiko), and ``connect``, which picks the
+transport a host's variables ask for. A transport runs one shell command per call with
+optional stdin and counts round trips (the deploy benchmark reports them); host keys are
+checked by hostkeys.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import getpass
 import logging
-import os
-import re
 import select
-import shlex
 import socket
-import subprocess
-import sys
-import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, Self, cast
+from typing import cast
 
 import paramiko
 
 from vigil.desired.config import HostVars
-from vigil.desired.render import lock_path
 from vigil.errors import (
     ConfigError,
     HostError,
-    LockLostError,
-    LockTimeoutError,
-    PermissionDeniedError,
     UnreachableError,
 )
-from vigil.report import safe_text
+from vigil.transport.base import Closing, Result, Transport
+from vigil.transport.hostkeys import (
+    KnownHosts,
+    _AcceptNew,
+    _Hop,
+    _KeyRefused,
+    _Patterns,
+    _Pinned,
+    _stderr_note,
+    _Strict,
+    fingerprint,
+    known_hosts_files,
+    load_known_hosts,
+    revoked_keys,
+)
+from vigil.transport.local import LocalTransport
 
 # paramiko logs a failed handshake with a traceback on stderr; vigil reports it as one
 # clear error instead.
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
 logging.getLogger("paramiko").propagate = False
 
-
-@dataclass(frozen=True)
-class Result:
-    stdout: str
-    stderr: str
-    exit_status: int
-
-
-class Transport(Protocol):
-    name: str
-    round_trips: int
-
-    def run(self, command: str, *, stdin: str = "", timeout: float | None = None,
-            on_stderr: Callable[[str], None] | None = None) -> Result:
-        """Run a command; ``on_stderr`` gets each line of its stderr as it comes (the
-        agent's progress), which stays in the result too."""
-        ...
-
-    def hold(self, command: str) -> Held:
-        """Start a command whose life is a resource; stdin stays open until release."""
-        ...
-
-    def close(self) -> None: ...
-
-    def __enter__(self) -> Transport: ...
-
-    def __exit__(self, *exc: object) -> None: ...
-
-
-class Closing:
-    """A transport is a context manager: `with connect(...) as t:` closes it."""
-
-    def close(self) -> None:
-        pass
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-class Held(Protocol):
-    """A long-running command whose life is a resource (the deploy lock)."""
-
-    def readline(self, timeout: float) -> str | None: ...
-
-    def alive(self) -> bool:
-        """Whether the command still runs (for the lock: whether it is still held)."""
-        ...
-
-    def send(self, text: str) -> None:
-        """Write to the command's stdin (the watcher's stream takes its request there)."""
-        ...
-
-    def release(self) -> None: ...
-
-
-def privileged(command: str, host: HostVars, transport: object = None) -> str:
-    """Run as root: directly for root, through non-interactive sudo when allowed. The
-    user is the one the transport logged in as (the inventory's, else ~/.ssh/config's)."""
-    user = getattr(transport, "login_user", None) or host.ssh_user
-    if user == "root" or host.connection == "local" or not host.sudo:
-        return command
-    return f"sudo -n -- bash -c {shlex.quote(command)}"
-
-
-# -- local ---------------------------------------------------------------------------
-
-
-class _LocalHeld:
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
-        self.proc = proc
-
-    def readline(self, timeout: float) -> str | None:
-        assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
-            return None
-        return self.proc.stdout.readline()
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def send(self, text: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(text)
-        self.proc.stdin.flush()
-
-    def release(self) -> None:
-        if self.proc.stdin:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-
-
-class LocalTransport(Closing):
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.round_trips = 0
-        self.guards: list[Callable[[], None]] = []  # see host_lock
-
-    def run(self, command: str, *, stdin: str = "", timeout: float | None = None,
-            on_stderr: Callable[[str], None] | None = None) -> Result:
-        for guard in self.guards:
-            guard()
-        self.round_trips += 1
-        if on_stderr is None:
-            try:
-                proc = subprocess.run(
-                    ["bash", "-c", command], input=stdin, capture_output=True, text=True,
-                    timeout=timeout,
-                )
-            except subprocess.TimeoutExpired:
-                raise HostError(self.name, f"command timed out after {timeout:.0f} s") from None
-            return Result(proc.stdout, proc.stderr, proc.returncode)
-        return self._run_following(command, stdin, timeout, on_stderr)
-
-    def _run_following(self, command: str, stdin: str, timeout: float | None,
-                       on_stderr: Callable[[str], None]) -> Result:
-        live = subprocess.Popen(["bash", "-c", command], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert live.stdin is not None and live.stdout is not None and live.stderr is not None
-        out: list[str] = []
-        err: list[str] = []
-        outs, errs = live.stdout, live.stderr
-
-        def read_err() -> None:
-            for line in errs:
-                err.append(line)
-                on_stderr(line.rstrip("\n"))
-
-        threads = [threading.Thread(target=lambda: out.append(outs.read()), daemon=True),
-                   threading.Thread(target=read_err, daemon=True)]
-        for th in threads:
-            th.start()
-        with contextlib.suppress(BrokenPipeError):
-            live.stdin.write(stdin)
-            live.stdin.close()
-        try:
-            code = live.wait(timeout)
-        except subprocess.TimeoutExpired:
-            live.kill()
-            live.wait()
-            raise HostError(self.name, f"command timed out after {timeout:.0f} s") from None
-        for th in threads:
-            th.join()
-        return Result("".join(out), "".join(err), code)
-
-    def hold(self, command: str) -> _LocalHeld:
-        self.round_trips += 1
-        proc = subprocess.Popen(
-            ["bash", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-        return _LocalHeld(proc)
-
-# -- ssh -----------------------------------------------------------------------------
-
-
 RELEASE_WAIT_S = 10.0
-
 
 class _SSHHeld:
     def __init__(self, channel: paramiko.Channel) -> None:
@@ -252,204 +85,6 @@ class _SSHHeld:
             # bounded: a host that stopped answering must not hang the caller
             self.channel.status_event.wait(RELEASE_WAIT_S)
         self.channel.close()
-
-
-def known_hosts_files(ssh_config: Mapping[str, Any], home: Path) -> list[Path]:
-    """The files ssh reads host keys from, in its order: UserKnownHostsFile then
-    GlobalKnownHostsFile of the user's ssh config, or their defaults."""
-    files: list[Path] = []
-    for key, default in (
-        ("userknownhostsfile", "~/.ssh/known_hosts ~/.ssh/known_hosts2"),
-        ("globalknownhostsfile", "/etc/ssh/ssh_known_hosts /etc/ssh/ssh_known_hosts2"),
-    ):
-        value = ssh_config.get(key, default)
-        words = value if isinstance(value, list) else shlex.split(str(value))
-        for word in words:
-            if word.lower() == "none":
-                continue
-            word = word.replace("%d", str(home)).replace("%%", "%")
-            path = home / word[2:] if word.startswith("~/") else Path(word)
-            if path not in files:
-                files.append(path)
-    return files
-
-
-def fingerprint(key: paramiko.PKey) -> str:
-    """As ``ssh-keygen -l`` prints it: SHA256:<base64 without padding>."""
-    return str(key.fingerprint)
-
-
-class _KeyRefused(paramiko.SSHException):
-    def __init__(self, key: paramiko.PKey, why: str, hop: str | None = None) -> None:
-        super().__init__(why)
-        self.key = key
-        self.why = why
-        self.hop = hop  # a ProxyJump hop's name, when the refused key is the hop's
-
-
-class _Hop(paramiko.MissingHostKeyPolicy):
-    """A hop's policy: the host's, with a refusal that names the hop."""
-
-    def __init__(self, then: paramiko.MissingHostKeyPolicy, hop: str) -> None:
-        self.then = then
-        self.hop = hop
-
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
-                         key: paramiko.PKey) -> None:
-        try:
-            self.then.missing_host_key(client, hostname, key)
-        except _KeyRefused as exc:
-            raise _KeyRefused(exc.key, exc.why, f"{self.hop} ({hostname})") from None
-
-
-class _Strict(paramiko.MissingHostKeyPolicy):
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
-                         key: paramiko.PKey) -> None:
-        raise _KeyRefused(key, "unknown")
-
-
-class _Pinned(paramiko.MissingHostKeyPolicy):
-    # With pins no known_hosts file is loaded, so every key comes here.
-    def __init__(self, pins: list[str]) -> None:
-        self.pins = pins
-
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
-                         key: paramiko.PKey) -> None:
-        if fingerprint(key) not in self.pins:
-            raise _KeyRefused(key, "not pinned")
-
-
-_WRITE_LOCK = threading.Lock()  # hosts connect from parallel threads
-
-
-class _AcceptNew(paramiko.MissingHostKeyPolicy):
-    """Trust on first use: only a host with no key in any file gets here (a changed key
-    is refused before), and its key is appended to the inventory's known_hosts; never a
-    key a known_hosts file marks @revoked (checked before anything is written)."""
-
-    def __init__(self, path: Path, note: Callable[[str], None],
-                 revoked: set[str] | None = None) -> None:
-        self.path = path
-        self.note = note
-        self.revoked = revoked if revoked is not None else set()
-
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
-                         key: paramiko.PKey) -> None:
-        if key.get_base64() in self.revoked:
-            raise _KeyRefused(key, "revoked")
-        line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
-        with _WRITE_LOCK, open(self.path, "a") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            fh.write(line)
-        self.note(
-            f"WARNING: host key of {hostname} was unknown; trusted on first use "
-            f"(host_key: accept-new): {key.get_name()} {fingerprint(key)} added to "
-            f"{self.path}. Verify it out of band; a different key later is refused."
-        )
-
-
-@dataclass
-class KnownHosts:
-    """What ssh reads from known_hosts that paramiko's HostKeys does not: @revoked keys,
-    entries under wildcard or negated patterns, @cert-authority lines."""
-
-    revoked: set[str] = field(default_factory=set)
-    patterns: list[tuple[str, paramiko.PKey, Path]] = field(default_factory=list)
-    authorities: list[tuple[str, Path]] = field(default_factory=list)
-
-
-def _glob(pattern: str) -> re.Pattern[str]:
-    # ssh's patterns: `*` and `?` only (`[` is literal, as in "[host]:2222")
-    return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c)
-                              for c in pattern))
-
-
-def host_matches(patterns: str, name: str) -> bool:
-    """ssh's match_hostname: a comma-separated list of patterns, case-insensitive; a
-    matching `!pattern` rules the name out whatever else matches."""
-    found = False
-    for pattern in patterns.lower().split(","):
-        negated = pattern.startswith("!")
-        if _glob(pattern[1:] if negated else pattern).fullmatch(name.lower()):
-            if negated:
-                return False
-            found = True
-    return found
-
-
-def revoked_keys(text: str) -> set[str]:
-    """The keys (base64) one known_hosts file marks @revoked."""
-    found = set()
-    for raw in text.splitlines():
-        fields = raw.split()
-        if len(fields) >= 4 and fields[0] == "@revoked":
-            found.add(fields[3])
-    return found
-
-
-def load_known_hosts(text: str, keys: paramiko.HostKeys, source: Path,
-                     into: KnownHosts) -> None:
-    """Add the entries of one known_hosts file to ``keys`` (plain and hashed names) and
-    to ``into`` (the rest). Lines no key can be read from are skipped, as ssh skips
-    them: such a host stays unknown, never trusted. A key already in ``into.revoked``
-    is never added: paramiko then asks the policy at key exchange, which refuses it
-    before any authentication (``_Patterns``)."""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        fields = line.split()
-        if line.startswith("@"):
-            if fields[0] == "@revoked" and len(fields) >= 4:
-                into.revoked.add(fields[3])
-            elif fields[0] == "@cert-authority" and len(fields) >= 2:
-                into.authorities.append((fields[1], source))
-            continue
-        try:
-            entry = paramiko.hostkeys.HostKeyEntry.from_line(line)
-        except (paramiko.SSHException, paramiko.hostkeys.InvalidHostKey, ValueError):
-            continue
-        if entry is None or entry.key is None or entry.key.get_base64() in into.revoked:
-            continue
-        if any(c in fields[0] for c in "*?!"):
-            into.patterns.append((fields[0], entry.key, source))
-            continue
-        for name in entry.hostnames:
-            keys.add(name, entry.key.get_name(), entry.key)
-
-
-class _Patterns(paramiko.MissingHostKeyPolicy):
-    """Before the host counts as unknown: its key under a matching wildcard entry is
-    trusted, a different key of that type is a mismatch, and a host covered only by
-    @cert-authority is refused with the reason (paramiko cannot check certificates)."""
-
-    def __init__(self, known: KnownHosts, then: paramiko.MissingHostKeyPolicy) -> None:
-        self.known = known
-        self.then = then
-
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
-                         key: paramiko.PKey) -> None:
-        # called during key exchange, before authentication: a revoked key stops here
-        if key.get_base64() in self.known.revoked:
-            raise _KeyRefused(key, "revoked")
-        expected = None
-        for patterns, known, _ in self.known.patterns:
-            if host_matches(patterns, hostname) and known.get_name() == key.get_name():
-                if known.get_base64() == key.get_base64():
-                    return
-                expected = known
-        if expected is not None:
-            raise paramiko.BadHostKeyException(hostname, key, expected)
-        for patterns, source in self.known.authorities:
-            if host_matches(patterns, hostname):
-                raise _KeyRefused(key, f"cert-authority:{patterns} in {source}")
-        self.then.missing_host_key(client, hostname, key)
-
-
-def _stderr_note(message: str) -> None:
-    sys.stderr.write(safe_text(message) + "\n")  # a host name or key comment is host text
-    sys.stderr.flush()
-
 
 class SSHTransport(Closing):
     def __init__(self, name: str, host: HostVars,
@@ -779,7 +414,6 @@ class SSHTransport(Closing):
     def close(self) -> None:
         self.conn.close()
 
-
 def _tell_lines(err: bytearray, told: int, on_stderr: Callable[[str], None]) -> int:
     """Pass each complete line of ``err`` past ``told`` to ``on_stderr``; the new mark."""
     end = err.rfind(b"\n") + 1
@@ -788,7 +422,6 @@ def _tell_lines(err: bytearray, told: int, on_stderr: Callable[[str], None]) -> 
             on_stderr(line)
         return end
     return told
-
 
 def _os_reason(exc: OSError) -> str:
     """The system's own words: paramiko wraps a refused connect per address it tried
@@ -800,108 +433,7 @@ def _os_reason(exc: OSError) -> str:
             return "; ".join(sorted(words))
     return exc.strerror or str(exc)
 
-
 def connect(name: str, host: HostVars) -> Transport:
     if host.connection == "local":
         return LocalTransport(name)
     return SSHTransport(name, host)
-
-
-# -- the deploy lock -------------------------------------------------------------------
-
-_LOCK_SCRIPT = r"""
-set -u
-mkdir -p "$(dirname "$LOCK")" || exit 77
-exec 9>>"$LOCK" || exit 77
-if ! flock -n 9; then
-  echo "WAIT $(cat "$LOCK.owner" 2>/dev/null)"
-  flock -w "$WAIT" 9 || { echo TIMEOUT; exit 75; }
-fi
-printf '%s\n' "$OWNER" > "$LOCK.owner"
-echo LOCKED
-cat >/dev/null
-"""
-
-
-@contextlib.contextmanager
-def host_lock(
-    transport: Transport,
-    host: HostVars,
-    path: str,
-    owner: str,
-    timeout: float,
-    on_wait: Callable[[str], None],
-) -> Iterator[None]:
-    """Hold the host's flock while the block runs; released when the channel closes.
-
-    The lock lives in a process on the host that keeps it only while our connection
-    does, so a deploy that dies (killed, network gone) cannot leave a stale lock. The
-    other side of that: when the connection drops mid-deploy the lock is gone, and
-    another deploy may start. So while the block runs, every command on this transport
-    first checks the lock's channel is alive, and a lost lock stops the host with
-    LockLostError; nothing more is done there.
-    """
-    script = (
-        f"LOCK={shlex.quote(path)} WAIT={int(timeout)} OWNER={shlex.quote(owner)} "
-        f"bash -c {shlex.quote(_LOCK_SCRIPT)}"
-    )
-    held = transport.hold(privileged(script, host, transport))
-    try:
-        deadline = time.monotonic() + timeout + 30
-        while True:
-            line = held.readline(timeout=max(1.0, deadline - time.monotonic()))
-            if line is None or line == "":
-                held.release()
-                if line is None:
-                    raise LockTimeoutError(transport.name, "no answer from the lock holder")
-                raise PermissionDeniedError(
-                    transport.name, f"permission denied creating the deploy lock {path}",
-                    fix="deploy as root, or set sudo: true for a user with sudo rights",
-                )
-            line = line.strip()
-            if line == "LOCKED":
-                break
-            if line.startswith("WAIT"):
-                holder = line[4:].strip() or "another deploy"
-                on_wait(f"waiting up to {timeout:.0f} s for the deploy lock held by {holder}")
-            elif line == "TIMEOUT":
-                held.release()
-                raise LockTimeoutError(
-                    transport.name, f"deploy lock {path} still held after {timeout:.0f} s",
-                    fix="wait for the other deploy to finish, or raise lock_timeout_s",
-                )
-
-        def guard() -> None:
-            if not held.alive():
-                raise LockLostError(
-                    transport.name,
-                    f"lost the deploy lock {path}: the connection holding it ended "
-                    "(sshd session killed or network gone); another deploy may act on "
-                    "this host now, so this one stopped before its next step",
-                    fix="check the host and the network; then deploy again (it plans "
-                    "from the host's facts, so it completes a half-done change)",
-                )
-
-        guards: list[Callable[[], None]] | None = getattr(transport, "guards", None)
-        if guards is not None:
-            guards.append(guard)
-        try:
-            yield
-        finally:
-            if guards is not None:
-                guards.remove(guard)
-    finally:
-        held.release()
-
-
-def lock_owner() -> str:
-    """Who holds a lock, as a waiting deploy is told."""
-    since = time.strftime("%H:%M:%S")
-    return f"{getpass.getuser()}@{socket.gethostname()} pid {os.getpid()} since {since}"
-
-
-def deploy_lock(transport: Transport, host: HostVars,
-                on_wait: Callable[[str], None]) -> contextlib.AbstractContextManager[None]:
-    """The service's deploy lock, as deploy and rollback take it."""
-    return host_lock(transport, host, lock_path(host), lock_owner(), host.lock_timeout_s,
-                     on_wait)

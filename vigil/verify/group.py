@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from vigil.errors import VigilError
-from vigil.transport.ssh import Transport, connect, privileged
+from vigil.transport.base import Transport, privileged
+from vigil.transport.ssh import connect
 from vigil.verify import history
 from vigil.verify.budgets import BudgetKey, Budgets, HistoryRecord, phase_defaults, plan_budgets
 from vigil.verify.reducer import PHASES, TERMINAL, WatchState, initial, phase_durations, step

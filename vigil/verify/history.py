@@ -23,8 +23,8 @@ from vigil.desired.config import HostVars, ModelProfile
 from vigil.desired.render import STATE_ROOT, Rendered
 from vigil.desired.stacks import Stack
 from vigil.errors import ConfigError, HostError
+from vigil.transport.base import Transport
 from vigil.transport.remote import call
-from vigil.transport.ssh import Transport
 from vigil.verify import compile_cache
 from vigil.verify.budgets import BudgetKey, CacheState, HistoryRecord
 from vigil.verify.replay import MAX_EPOCH_S

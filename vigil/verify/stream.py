@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vigil.errors import VigilError
+from vigil.transport.base import Held, Transport
 from vigil.transport.remote import agent_command, agent_stdin
-from vigil.transport.ssh import Held, Transport
 from vigil.verify.snapshot import Snapshot
 
 STREAM_V = 1

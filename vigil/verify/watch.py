@@ -22,8 +22,9 @@ from typing import IO, TYPE_CHECKING, Any
 
 from vigil.errors import HostError, VigilError
 from vigil.exitcodes import SEVERITY, VERDICT_EXIT, ExitCode
+from vigil.transport.base import Transport, privileged
 from vigil.transport.remote import call_with
-from vigil.transport.ssh import Transport, connect, privileged
+from vigil.transport.ssh import connect
 from vigil.verify import compile_cache, history, predict, reducer, smoke, systemd
 from vigil.verify.budgets import (
     MIN_SAMPLES,
