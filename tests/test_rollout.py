@@ -242,7 +242,8 @@ def test_json_and_junit_recap(tmp_path: Path) -> None:
     skipped = [c.get("name") for c in cases if c.find("skipped") is not None]
     assert failed == ["h03"] and skipped == names[3:]
     text = rollout.summary(ro)
-    assert "done=2 failed=1 unreachable=0 untouched=5" in text and "stopped" in text
+    assert text.splitlines()[-1] == ("ok=0 changed=2 unreachable=0 failed=1 untouched=5 "
+                                     "rolled_back=1 — stopped: failure budget exceeded")
 
 
 # -- drain on the host: vLLM's --shutdown-timeout from the profile -----------------------

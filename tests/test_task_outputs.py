@@ -457,3 +457,60 @@ def apply_summary(results: list[Any]) -> str:
     from vigil.report import summary_table
 
     return summary_table(results).splitlines()[-1]
+
+
+# -- 22.13: the same flags give the same report --------------------------------------------
+
+def _planned_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """deploy --check with the hosts faked: `up` plans a restart, `down` is unreachable."""
+    from vigil.deploy import rollout
+    from vigil.exitcodes import ExitCode
+    from vigil.report import HostResult
+
+    def planned(t: Any, opts: Any, log: Any) -> HostResult:
+        assert opts.check
+        if t.name == "down":
+            log(t.name, "UNREACHABLE: down: SSH to 192.0.2.2:22 refused the connection")
+            return HostResult(t.name, "failed", error="down: SSH refused",
+                              exit_code=int(ExitCode.UNREACHABLE))
+        log(t.name, "would restart: --restart")
+        return HostResult(t.name, "changed", actions=["restart: --restart"])
+
+    monkeypatch.setattr(rollout, "deploy_host", planned)
+
+
+def _untimed(text: str) -> list[str]:
+    # a log line's first word is its clock time
+    return [line.split(" ", 1)[1] if line[:2].isdigit() else line
+            for line in text.splitlines()]
+
+
+def test_deploy_check_prints_the_same_lines_with_or_without_junit_and_html(
+        inv: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    _planned_check(monkeypatch)
+    plain_code = run_task("deploy", ctx(inv), hosts="all", check=True)
+    plain = _untimed(capsys.readouterr().out)
+    reported_code = run_task("deploy", ctx(inv), hosts="all", check=True,
+                             junit="r/deploy.xml", html="r/deploy.html")
+    reported = _untimed(capsys.readouterr().out)
+    assert reported == plain and reported_code == plain_code == 8
+    assert plain[-1] == "ok=0 changed=1 unreachable=1 failed=0"
+    assert not any("budget" in line or "batch" in line for line in plain), plain
+    assert (inv.parent / "r" / "deploy.xml").exists()
+    assert (inv.parent / "r" / "deploy.html").exists()
+
+
+def test_a_checked_rollout_plans_every_batch_and_says_where_a_real_run_would_stop(
+        inv: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    _planned_check(monkeypatch)
+    code = run_task("deploy", ctx(inv), hosts="all", check=True, serial="1",
+                    json="plan.json")
+    seen = capsys.readouterr()
+    text = "\n".join(_untimed(seen.out))
+    assert "stopping" not in text and "a real run would stop here" in text, seen
+    doc = json.loads((inv.parent / "plan.json").read_text())
+    assert doc["untouched"] == [] and sorted(doc["hosts"]) == ["down", "up"]
+    assert doc["recap"] == {"ok": 0, "changed": 1, "unreachable": 1, "failed": 0}
+    assert code == doc["exit_code"] == 8  # the unreachable host's, not a stopped rollout

@@ -3,7 +3,7 @@ from MEANING by docs/generate.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from enum import IntEnum
 
 
@@ -25,6 +25,13 @@ class ExitCode(IntEnum):
 SEVERITY = (ExitCode.BAD_INPUT, ExitCode.TIMED_OUT, ExitCode.STALLED, ExitCode.CRASHED,
             ExitCode.STOPPED, ExitCode.ROLLOUT_STOPPED, ExitCode.UNREACHABLE,
             ExitCode.FAILED)
+
+
+def worst(codes: Iterable[int]) -> int:
+    """The most important of some exit codes (SEVERITY's order; a code it does not rank
+    after those it does, the highest first; none or only 0: 0)."""
+    found = {int(c) for c in codes if c}
+    return next((int(c) for c in SEVERITY if c in found), max(found, default=0))
 
 
 # A watch's verdict as the task's exit code (verify, replay, deploy's watch); a verdict

@@ -106,6 +106,12 @@ class HostResult:
         """Never reached (SSH): nothing ran there."""
         return self.exit_code == ExitCode.UNREACHABLE
 
+    @property
+    def code(self) -> int:
+        """This host's part of the task's exit code: its error's, or FAILED for a failure
+        without one of its own."""
+        return self.exit_code or (int(ExitCode.FAILED) if self.status == "failed" else 0)
+
 
 def failed_word(exit_code: int, word: str = "FAILED") -> str:
     """How every task names a host it could not reach (one word: UNREACHABLE), else
@@ -130,22 +136,31 @@ def result_word(r: HostResult) -> str:
     return failed_word(r.exit_code, r.status) if r.status == "failed" else r.status
 
 
+def summary_row(r: HostResult, width: int) -> str:
+    """A host's line of the deploy summary: HOST RESULT PID TIME DETAIL."""
+    # the full reasons are in the log above and in --json; here, what was done
+    done = ", ".join(a.split(":", 1)[0] for a in r.actions)
+    detail = r.error.splitlines()[0] if r.error else done or "nothing to do"
+    if r.prediction and not r.error:
+        detail += f", {r.prediction['line']}"
+    if r.error and r.applied:
+        detail += f" (after {len(r.applied)} change(s): {', '.join(r.applied)})"
+    pid = str(r.main_pid) if r.main_pid else "-"
+    return f"{r.host:<{width}}  {result_word(r):<11} {pid:>8} {r.seconds:>7.1f}s  {detail}"
+
+
+def summary_header(width: int) -> str:
+    return f"{'HOST':<{width}}  {'RESULT':<11} {'PID':>8} {'TIME':>8}  DETAIL"
+
+
+def recap_line(results: list[HostResult]) -> str:
+    return " ".join(f"{k}={v}" for k, v in recap(results).items())
+
+
 def summary_table(results: list[HostResult]) -> str:
     width = max([8, *(len(r.host) for r in results)])
-    lines = [f"{'HOST':<{width}}  {'RESULT':<11} {'PID':>8} {'TIME':>8}  DETAIL"]
-    for r in results:
-        # the full reasons are in the log above and in --json; here, what was done
-        done = ", ".join(a.split(":", 1)[0] for a in r.actions)
-        detail = r.error.splitlines()[0] if r.error else done or "nothing to do"
-        if r.prediction and not r.error:
-            detail += f", {r.prediction['line']}"
-        if r.error and r.applied:
-            detail += f" (after {len(r.applied)} change(s): {', '.join(r.applied)})"
-        pid = str(r.main_pid) if r.main_pid else "-"
-        lines.append(f"{r.host:<{width}}  {result_word(r):<11} {pid:>8} {r.seconds:>7.1f}s"
-                     f"  {detail}")
-    lines.append(" ".join(f"{k}={v}" for k, v in recap(results).items()))
-    return "\n".join(lines)
+    return "\n".join([summary_header(width), *(summary_row(r, width) for r in results),
+                      recap_line(results)])
 
 
 def write_text(path: str, text: str) -> None:

@@ -1,4 +1,4 @@
-"""Deploy: resolve every host first, then facts -> plan -> apply -> wait, per host.
+"""Deploy one host: facts -> plan -> apply -> wait (rollout.py runs it on every host).
 
 All input is read, validated and rendered for every selected host before the first
 connection, so a bad file, an unknown profile or a template error changes no host.
@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,6 @@ from vigil.transport.base import Transport
 from vigil.transport.lock import host_lock, lock_owner
 from vigil.transport.remote import call
 from vigil.transport.ssh import connect
-from vigil.verify.budgets import phase_defaults
 from vigil.verify.report import Reporter, outcome_json
 from vigil.verify.watch import Settings as WatchSettings
 from vigil.verify.watch import verify_target
@@ -290,12 +288,3 @@ def undrain(t: Target, hooks: Hooks, *, restarted: bool, say: Callable[[str], No
         return f"\n  {t.name} is LEFT DRAINED: putting it back failed: {why}"
     say("undrained: the old release was never stopped and still serves")
     return "\n  undrained: the old release was never stopped and still serves"
-
-
-def deploy(targets: list[Target], opts: Options, log: Log) -> list[HostResult]:
-    for t in targets:  # a phase name the catalog does not know fails before any host
-        phase_defaults(t.vars.phase_budget_s, t.vars.stall_window_s)
-    if len(targets) == 1:
-        return [deploy_host(targets[0], opts, log)]
-    with ThreadPoolExecutor(max_workers=max(1, min(opts.forks, len(targets)))) as pool:
-        return list(pool.map(lambda t: deploy_host(t, opts, log), targets))

@@ -28,9 +28,20 @@ from vigil.deploy.hooks import Hooks
 from vigil.desired.render import API_KEY
 from vigil.desired.targets import Target
 from vigil.errors import ConfigError, InternalError, VigilError
-from vigil.exitcodes import ExitCode
-from vigil.report import HostResult, Log, result_word, write_text, xml_document
+from vigil.exitcodes import ExitCode, worst
+from vigil.report import (
+    HostResult,
+    Log,
+    recap,
+    recap_line,
+    summary_header,
+    summary_row,
+    summary_table,
+    write_text,
+    xml_document,
+)
 from vigil.transport.ssh import connect
+from vigil.verify.budgets import phase_defaults
 from vigil.verify.report import outcome_json
 from vigil.verify.watch import Settings as WatchSettings
 
@@ -178,6 +189,9 @@ class Rollout:
     seconds: float = 0.0
     started_at: float = field(default_factory=time.time)  # epoch, for the picture
     rollback_offset_s: float = 0.0
+    # asked for batches (--serial, --max-fail, --rollback-failed) or has several: a plain
+    # deploy is a rollout of one batch that says nothing of batches or budgets
+    batched: bool = False
 
     @property
     def results(self) -> list[HostResult]:
@@ -199,7 +213,7 @@ class Rollout:
     def exit_code(self) -> int:
         if self.untouched:
             return int(ExitCode.ROLLOUT_STOPPED)
-        return int(ExitCode.FAILED) if self.failed else int(ExitCode.OK)
+        return worst(r.code for r in self.results)
 
 
 # -- the driver ------------------------------------------------------------------------
@@ -207,11 +221,14 @@ class Rollout:
 
 def run(targets: Sequence[Target], opts: Options, log: Log, *, serial: str | None = None,
         max_fail: str | None = None, rollback_failed: bool = False) -> Rollout:
-    """``invoke deploy --serial/--max-fail/--rollback-failed``: plan the batches (bad flags
-    are refused before any host is touched), then roll."""
+    """``invoke deploy``, every form of it: plan the batches (one without --serial; bad
+    flags and phase names are refused before any host is touched), then roll."""
     batches = plan_batches([t.name for t in targets], serial)
     budget = parse_budget(max_fail)
-    if not opts.wait and not opts.check:
+    for t in targets:  # a phase name the catalog does not know fails before any host
+        phase_defaults(t.vars.phase_budget_s, t.vars.stall_window_s)
+    batched = serial is not None or bool(max_fail) or rollback_failed
+    if batched and not opts.wait and not opts.check:
         raise ConfigError("a rolling deploy gates each batch on verify; it cannot skip the "
                           "wait", key="--no-wait", fix="drop --no-wait")
     rollback_one = None
@@ -219,7 +236,8 @@ def run(targets: Sequence[Target], opts: Options, log: Log, *, serial: str | Non
         def rollback_one(t: Target) -> HostResult:
             return rollback_host(t, opts.watch, opts.state_dir, log, opts.hooks)
     return roll(targets, batches, budget, lambda t: deploy_host(t, opts, log), log,
-                rollback_one=rollback_one, serial=serial or "", forks=opts.forks)
+                rollback_one=rollback_one, serial=serial or "", forks=opts.forks,
+                batched=batched, check=opts.check)
 
 
 DeployOne = Callable[[Target], HostResult]
@@ -228,16 +246,25 @@ DeployOne = Callable[[Target], HostResult]
 def roll(targets: Sequence[Target], batches: list[list[str]], budget: Budget,
          deploy_one: DeployOne, log: Log, *,
          rollback_one: DeployOne | None = None, serial: str = "",
-         forks: int = FORKS) -> Rollout:
+         forks: int = FORKS, batched: bool | None = None, check: bool = False) -> Rollout:
     """Deploy batch after batch; stop past the budget. ``deploy_one`` must return only once
-    its host is proven ready or has failed (``deploy_host`` with wait does)."""
+    its host is proven ready or has failed (``deploy_host`` with wait does). A check
+    changes nothing, so no budget protects a later batch: it plans every one and says
+    where a real run would stop."""
     by_name = {t.name: t for t in targets}
-    out = Rollout(serial=serial or "all", budget=str(budget))
+    if batched is None:
+        batched = len(batches) > 1 or bool(serial) or rollback_one is not None
+    out = Rollout(serial=serial or "all", budget=str(budget), batched=batched)
     started = time.monotonic()
+
+    def say(message: str) -> None:
+        if batched:  # a plain deploy's one batch goes unannounced
+            log("rollout", message)
+
     for i, names in enumerate(batches, 1):
         batch = BatchResult(i, list(names), allowed_failures=budget.allowed(len(names)))
         out.batches.append(batch)
-        log("rollout", f"batch {i}/{len(batches)}: {', '.join(names)}")
+        say(f"batch {i}/{len(batches)}: {', '.join(names)}")
         t0 = time.monotonic()
         batch.offset_s = round(t0 - started, 2)
         # the whole batch at once, up to --forks
@@ -245,10 +272,13 @@ def roll(targets: Sequence[Target], batches: list[list[str]], budget: Budget,
             batch.results = list(pool.map(lambda n: deploy_one(by_name[n]), names))
         batch.seconds = round(time.monotonic() - t0, 2)
         failed = batch.failed
-        if over_budget(len(failed), len(names), budget):
+        if over_budget(len(failed), len(names), budget) and check:
+            say(f"batch {i}: {len(failed)} would fail ({', '.join(failed)}), budget "
+                f"{budget} allows {batch.allowed_failures}: a real run would stop here")
+        elif over_budget(len(failed), len(names), budget) and batched:
             batch.stopped = True
             out.untouched = [n for later in batches[i:] for n in later]
-            log("rollout", f"batch {i}: {len(failed)} failed ({', '.join(failed)}), "
+            say(f"batch {i}: {len(failed)} failed ({', '.join(failed)}), "
                 f"budget {budget} allows {batch.allowed_failures}: stopping; "
                 f"{len(out.untouched)} host(s) untouched")
             out.rollback_offset_s = round(time.monotonic() - started, 2)
@@ -258,8 +288,9 @@ def roll(targets: Sequence[Target], batches: list[list[str]], budget: Budget,
                         out.rolled_back.append(_rollback_if_changed(by_name[res.host], res,
                                                                     rollback_one, log))
             break
-        log("rollout", f"batch {i}: {len(names) - len(failed)} ready, {len(failed)} failed "
-            f"(budget {budget} allows {batch.allowed_failures})")
+        else:
+            say(f"batch {i}: {len(names) - len(failed)} {'planned' if check else 'ready'}, "
+                f"{len(failed)} failed (budget {budget} allows {batch.allowed_failures})")
     out.seconds = round(time.monotonic() - started, 2)
     return out
 
@@ -318,27 +349,20 @@ def _phases(r: HostResult) -> dict[str, float]:
 
 
 def summary(ro: Rollout) -> str:
-    width = max([8, *(len(r.host) for r in ro.results), *(len(h) for h in ro.untouched)])
-    lines = [f"{'BATCH':<5} {'HOST':<{width}}  {'RESULT':<11} {'TIME':>8}  DETAIL"]
-    for b in ro.batches:
-        for r in b.results:
-            detail = r.error.splitlines()[0] if r.error else (r.verdict or "nothing to do"
-                                                               if not r.restarted else "ready")
-            lines.append(f"{b.index:<5} {r.host:<{width}}  {result_word(r):<11} "
-                         f"{r.seconds:>7.1f}s  {detail}")
-    for h in ro.untouched:
-        lines.append(f"{'-':<5} {h:<{width}}  {'untouched':<11} {'':>8}  rollout stopped")
-    for r in ro.rolled_back:
-        detail = r.error.splitlines()[0] if r.error else "previous release ready"
-        lines.append(f"{'rb':<5} {r.host:<{width}}  {result_word(r):<11} {r.seconds:>7.1f}s"
-                     f"  {detail}")
-    # a failure budget counts an unreachable host as failed (Ansible's max_fail too); the
-    # recap says which it was
-    unreachable = sum(r.unreachable for r in ro.results)
-    lines.append(f"done={len(ro.done)} failed={len(ro.failed) - unreachable} "
-                 f"unreachable={unreachable} untouched={len(ro.untouched)}"
-                 + (f" rolled_back={sum(r.status == 'rolled_back' for r in ro.rolled_back)}"
-                    if ro.rolled_back else "")
+    """The deploy's recap: a host per line and Ansible's counts; a batched rollout adds
+    each host's batch, the untouched and rolled-back hosts and why it stopped."""
+    if not (ro.batched or ro.untouched or ro.rolled_back):
+        return summary_table(ro.results)
+    width = max([8, *(len(r.host) for r in [*ro.results, *ro.rolled_back]),
+                 *(len(h) for h in ro.untouched)])
+    lines = [f"{'BATCH':<5} {summary_header(width)}"]
+    lines += [f"{b.index:<5} {summary_row(r, width)}" for b in ro.batches for r in b.results]
+    lines += [f"{'-':<5} {h:<{width}}  {'untouched':<11} {'-':>8} {'':>8}  rollout stopped"
+              for h in ro.untouched]
+    lines += [f"{'rb':<5} {summary_row(r, width)}" for r in ro.rolled_back]
+    rolled = sum(r.status == "rolled_back" for r in ro.rolled_back)
+    lines.append(recap_line(ro.results) + f" untouched={len(ro.untouched)}"
+                 + (f" rolled_back={rolled}" if ro.rolled_back else "")
                  + (" — stopped: failure budget exceeded" if ro.stopped else ""))
     return "\n".join(lines)
 
@@ -347,6 +371,7 @@ def rollout_json(ro: Rollout) -> dict[str, Any]:
     return {
         "ok": ro.exit_code == 0,
         "exit_code": ro.exit_code,
+        "recap": recap(ro.results),
         "serial": ro.serial,
         "max_fail": ro.budget,
         "stopped": ro.stopped,
@@ -358,7 +383,8 @@ def rollout_json(ro: Rollout) -> dict[str, Any]:
             "index": b.index, "hosts": b.hosts, "offset_s": b.offset_s, "seconds": b.seconds,
             "failed": b.failed, "allowed_failures": b.allowed_failures, "stopped": b.stopped,
         } for b in ro.batches],
-        "hosts": {r.host: {**asdict(r), "batch": b.index, "phases": _phases(r)}
+        "hosts": {r.host: {**asdict(r), "unreachable": r.unreachable, "batch": b.index,
+                           "phases": _phases(r)}
                   for b in ro.batches for r in b.results},
         "rolled_back": {r.host: asdict(r) for r in ro.rolled_back},
     }

@@ -21,6 +21,7 @@ from vigil.desired import inventory
 from vigil.desired.render import TEMPLATES
 from vigil.errors import ConfigError, InternalError, VigilError
 from vigil.exitcodes import SEVERITY as SEVERITY  # one exit-code policy for every task
+from vigil.exitcodes import worst
 from vigil.report import echo, write_json
 from vigil.tasks import project
 from vigil.verify.watch import Settings
@@ -191,11 +192,7 @@ def watch_settings(c: Context, poll: float | None = None,
 
 def worst_code(codes: Iterable[int]) -> int:
     """The most important of the hosts' exit codes (SEVERITY; none: 0)."""
-    found = {int(c) for c in codes if c}
-    for code in SEVERITY:
-        if code in found:
-            return int(code)
-    return max(found, default=0)
+    return worst(codes)
 
 
 def exit_with(codes: Iterable[int]) -> None:

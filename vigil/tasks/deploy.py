@@ -17,8 +17,7 @@ from vigil.desired import targets as targets_mod
 from vigil.desired.config import HostVars
 from vigil.desired.targets import Target
 from vigil.errors import ConfigError
-from vigil.exitcodes import ExitCode
-from vigil.report import HostResult, Log, echo, failed_word, results_json, summary_table
+from vigil.report import HostResult, Log, echo, failed_word
 from vigil.tasks import pipeline
 from vigil.tasks.common import (
     CHANGING_HOSTS_HELP,
@@ -113,36 +112,28 @@ def deploy(
                                   watch=watch_settings(c), state_dir=setting(c, "state_dir"),
                                   forks=forks,
                                   hooks=Hooks.parse(before_stop, after_ready))
-        if serial is not None or max_fail or rollback_failed or junit or html:
-            ro = rollout.run(targets, opts, log, serial=serial, max_fail=max_fail,
-                             rollback_failed=rollback_failed)
-            extra: dict[str, Any] = {}
-            if check:
-                ahead = predict.rollout([b.hosts for b in ro.batches], predict_restarts(
-                    targets, ro.results, setting(c, "state_dir"), log))
-                log("rollout", ahead.line())
-                extra["prediction"] = ahead.to_json()
-            echo(rollout.summary(ro), file=out)
-            pipeline.report("deploy", pipeline.deploy_rows([*ro.results, *ro.rolled_back]),
-                            stream=out)
-            emit_json(c, json, {**rollout.rollout_json(ro), **extra})
-            if junit:
-                rollout.write_junit(str(out_path(c, junit)), ro)
-            if html:
-                from vigil.deploy.rollout_html import write_html
-
-                write_html(str(out_path(c, html)), ro)
-            exit_with([ro.exit_code])
-            return
-        results = deploy_mod.deploy(targets, opts, log)
+        # one path whatever report flags are given: a plain deploy is a rollout of one
+        # batch, with the same log, summary and exit code
+        ro = rollout.run(targets, opts, log, serial=serial, max_fail=max_fail,
+                         rollback_failed=rollback_failed)
+        extra: dict[str, Any] = {}
         if check:
-            predict_restarts(targets, results, setting(c, "state_dir"), log)
-        echo(summary_table(results), file=out)
-        pipeline.report("deploy", pipeline.deploy_rows(results), stream=out)
-        codes = [r.exit_code or (ExitCode.FAILED if r.status == "failed" else 0)
-                 for r in results]
-        emit_json(c, json, {**results_json(results), "exit_code": worst_code(codes)})
-    exit_with(codes)
+            ahead = predict_restarts(targets, ro.results, setting(c, "state_dir"), log)
+            if ro.batched:
+                whole = predict.rollout([b.hosts for b in ro.batches], ahead)
+                log("rollout", whole.line())
+                extra["prediction"] = whole.to_json()
+        echo(rollout.summary(ro), file=out)
+        pipeline.report("deploy", pipeline.deploy_rows([*ro.results, *ro.rolled_back]),
+                        stream=out)
+        emit_json(c, json, {**rollout.rollout_json(ro), **extra})
+        if junit:
+            rollout.write_junit(str(out_path(c, junit)), ro)
+        if html:
+            from vigil.deploy.rollout_html import write_html
+
+            write_html(str(out_path(c, html)), ro)
+    exit_with([ro.exit_code])
 
 
 def predict_restarts(targets: Sequence[Target], results: Sequence[HostResult],
