@@ -967,6 +967,7 @@ def test_a15_a_worker_that_raises_a_bug_fails_its_host(tmp_path: Path) -> None:
 
     from tests.conftest import target_in
     from vigil.deploy import apply as apply_mod
+    from vigil.deploy import rollout
     from vigil.report import Log
 
     t = target_in(tmp_path, "hosts:\n  h1: {connection: local, model: tiny-cpu, "
@@ -979,7 +980,7 @@ def test_a15_a_worker_that_raises_a_bug_fails_its_host(tmp_path: Path) -> None:
     mp = pytest.MonkeyPatch()
     mp.setattr(apply_mod, "connect", broken)
     try:
-        (result,) = apply_mod.deploy([t, t], apply_mod.Options(), Log(out))[:1]
+        (result,) = rollout.run([t], apply_mod.Options(), Log(out)).results
     finally:
         mp.undo()
     assert result.status == "failed"
