@@ -721,7 +721,7 @@ def test_the_unified_runtimes_catch_all_code_is_not_called_out_of_memory() -> No
      "num_workers_joined=1, timeout=0:30:00)", "store_barrier", "distributed_init"),
     ("[W306 00:03:07.843593274 TCPStore.cpp:358] [c10d] TCP client failed to connect/validate "
      "to host 10.0.0.12:29400 - retrying (try=0, timeout=60000ms, delay=496ms): timed out",
-     "store_barrier", "distributed_init"),
+     "store_connect", "distributed_init"),
     ("DEBUG 05-31 01:52:28 client.py:191] Waiting for output from MQLLMEngine.",
      "v0_engine_output", None),
     ("(EngineCore_DP1 pid=9) INFO 05-28 14:36:30 [core.py:1] Waiting for READY message from DP "
@@ -732,6 +732,62 @@ def test_a_wait_line_is_alive_not_progress_and_names_what_it_waits_for(
     m = catalog.classify(line)
     assert (m.kind, m.wait, m.reached) == ("noise", wait, phase)
     assert m.cause is None  # a wait proves no failure
+
+
+# torch's TCPStore client, each attempt that times out (c10d socket.cpp's C10D_ERROR before
+# its throw, then TCPStore.cpp's retry WARNING): verbatim from trl#4538 and a public
+# reproduction log (the same two lines, a lerobot run), vllm-metal#58, dmlcloud#56,
+# vllm#3771 and vllm#2427 (torch ≤ 2.1's socket retries)
+TCPSTORE_RETRIES = [
+    "[E1118 17:30:24.226257071 socket.cpp:1019] [c10d] The client socket has timed out after "
+    "300000ms while trying to connect to (127.0.0.1, 51216).",
+    "[E728 15:01:59.561275187 socket.cpp:1028] [c10d] The client socket has timed out after "
+    "600000ms while trying to connect to (127.0.0.1, 48315).",
+    "[W728 15:01:59.562622567 TCPStore.cpp:340] [c10d] TCP client failed to connect/validate to "
+    "host 127.0.0.1:48315 - retrying (try=0, timeout=600000ms, delay=33924ms): The client socket "
+    "has timed out after 600000ms while trying to connect to (127.0.0.1, 48315).",
+    "[W106 01:32:36.793651000 socket.cpp:942] [c10d] The server socket on "
+    "[::ffff:10.253.40.30]:55872 has timed out, will retry.",
+    "[W129 21:03:46.878435961 TCPStore.cpp:330] [c10d] TCP client failed to connect/validate to "
+    "host 192.168.212.142:41312 - retrying (try=0, timeout=1800000ms, delay=46647ms): "
+    "Interrupted system call",
+    "[W socket.cpp:663] [c10d] The client socket has failed to connect to "
+    "[::ffff:172.16.8.232]:39623 (errno: 110 - Connection timed out).",
+    "[E socket.cpp:793] [c10d] The client socket has timed out after 1800s while trying to "
+    "connect to (127.0.0.1, 48391).",
+    # under a vLLM worker's prefix
+    "(VllmWorker rank=1 pid=812) [E616 02:08:15.931416442 socket.cpp:1023] [c10d] The client "
+    "socket has timed out after 600000ms while trying to connect to (172.17.0.9, 50437).",
+]
+
+
+@pytest.mark.parametrize("line", TCPSTORE_RETRIES)
+def test_a_tcpstore_attempt_that_timed_out_is_a_retry_not_the_end(line: str) -> None:
+    m = catalog.classify(line)
+    assert (m.kind, m.wait, m.reached) == ("noise", "store_connect", "distributed_init")
+    assert m.cause is None and m.role is None
+
+
+@pytest.mark.parametrize(("line", "note"), [
+    # TCPStore gives up once its retries pass the timeout (vllm#19670)
+    ("[E616 02:08:15.931621754 TCPStore.cpp:318] [c10d] TCP client failed to connect/validate "
+     "to host 172.17.0.9:50437 - timed out (try=1, timeout=600000ms): The client socket has "
+     "timed out after 600000ms while trying to connect to (172.17.0.9, 50437).",
+     "at 172.17.0.9:50437"),
+    ("[E616 02:08:15.931621754 TCPStore.cpp:318] [c10d] TCP client failed to connect/validate "
+     "to host 10.0.0.3:29500 - timed out (try=4, timeout=600000ms): Connection reset by peer",
+     "at 10.0.0.3:29500"),
+    # the exception the process dies of: torch ≤ 2.1 in seconds (ControlNet#382), later in
+    # ms (vllm#19670), vLLM's collective_rpc re-raising it
+    ("TimeoutError: The client socket has timed out after 1800s while trying to connect to "
+     "(127.0.0.1, 48391).", "at 127.0.0.1:48391"),
+    ("Exception: Call to collective_rpc method failed: The client socket has timed out after "
+     "300000ms while trying to connect to (10.129.30.85, 29501)", "at 10.129.30.85:29501"),
+])
+def test_tcpstores_give_up_and_the_exception_end_the_rendezvous(line: str, note: str) -> None:
+    m = catalog.classify(line)
+    assert (m.kind, m.cause, m.reached) == ("fatal", "distributed_init_timeout", "distributed_init")
+    assert m.remedy is not None and note in m.remedy
 
 
 def test_every_wait_names_a_known_cause_and_phase() -> None:

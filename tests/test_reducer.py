@@ -654,3 +654,83 @@ def test_a_plain_log_stopped_while_waiting_says_the_stop_and_the_wait() -> None:
         st = reducer.step(st, snap, b, log_only=True)
     assert (st.verdict, st.cause) == ("stopped", "not_enough_gpus")
     assert st.proof is not None and "after waiting 2:30 for a Ray placement group" in st.proof
+
+
+# -- torch's TCPStore retries are a wait, its give-up or the exit ends the start --------
+
+# trl#4538 / a public reproduction log: each attempt that times out logs the socket's
+# C10D_ERROR, then TCPStore's retry WARNING, and torch waits a full timeout again
+TCPSTORE_RETRY = (
+    "[E728 15:01:59.561275187 socket.cpp:1028] [c10d] The client socket has timed out after "
+    "600000ms while trying to connect to (127.0.0.1, 48315).",
+    "[W728 15:01:59.562622567 TCPStore.cpp:340] [c10d] TCP client failed to connect/validate to "
+    "host 127.0.0.1:48315 - retrying (try=0, timeout=600000ms, delay=33924ms): The client socket "
+    "has timed out after 600000ms while trying to connect to (127.0.0.1, 48315).",
+)
+# vllm#19670: the give-up, once the retries pass TCPStore's timeout
+TCPSTORE_GIVE_UP = (
+    "[E616 02:08:15.931621754 TCPStore.cpp:318] [c10d] TCP client failed to connect/validate to "
+    "host 172.17.0.9:50437 - timed out (try=1, timeout=600000ms): The client socket has timed "
+    "out after 600000ms while trying to connect to (172.17.0.9, 50437).")
+
+
+def _plain(lines: list[str]) -> list[reducer.WatchState]:
+    """Replay lines as a plain log, one a minute."""
+    b, st, out = Budgets(), reducer.initial(), []
+    for i, text in enumerate(lines, 1):
+        snap = Snapshot(time=60.0 * i, journal=Journal(lines=(LogLine(us=int(60e6 * i),
+                                                                      text=text),)))
+        st = reducer.step(st, snap, b, log_only=True)
+        out.append(st)
+    return out
+
+
+def test_a_tcpstore_retry_is_not_a_crash_and_names_its_wait() -> None:
+    st = _plain([*TCPSTORE_RETRY])[-1]
+    assert st.verdict is None and st.phase == "distributed_init"
+    assert st.waiting is not None and st.waiting.wait == "store_connect"
+    assert any("distributed_init_timeout" in w for w in st.warnings)
+
+
+def test_a_start_that_connects_after_a_tcpstore_retry_is_ready() -> None:
+    states = _plain([*TCPSTORE_RETRY,
+                     "INFO 07-28 15:02:40 [pynccl.py:70] vLLM is using nccl==2.21.5",
+                     "INFO 07-28 15:04:00 [launcher.py:28] Available routes are:",
+                     "INFO:     Uvicorn running on http://0.0.0.0:8000 (Press CTRL+C to quit)"])
+    assert all(s.verdict is None for s in states[:-1])
+    assert states[-1].verdict == "ready" and states[-1].cause is None
+
+
+def test_tcpstores_give_up_after_its_retries_is_the_crash() -> None:
+    states = _plain([*TCPSTORE_RETRY, *TCPSTORE_RETRY, TCPSTORE_GIVE_UP])
+    assert all(s.verdict is None for s in states[:-1])
+    final = states[-1]
+    assert (final.verdict, final.cause) == ("crashed", "distributed_init_timeout")
+    assert final.proof is not None and "timed out (try=1" in final.proof
+    assert final.remedy is not None and "at 172.17.0.9:50437" in final.remedy
+
+
+def test_an_exit_while_tcpstore_retries_is_a_distributed_init_timeout() -> None:
+    final = _plain([*TCPSTORE_RETRY, "Dec 02 10:00:00 h systemd[1]: vllm.service: Main process "
+                    "exited, code=exited, status=1/FAILURE"])[-1]
+    assert (final.verdict, final.cause) == ("crashed", "distributed_init_timeout")
+    assert final.proof is not None and "after waiting" in final.proof
+    assert "TCPStore" in final.proof
+
+
+def test_a_unit_that_dies_while_tcpstore_retries_names_the_wait() -> None:
+    snaps = [_snap(0, "Initializing a V1 LLM engine (v0.11.0) with config: model='/m'",
+                   unit=UP),
+             _snap(60, *TCPSTORE_RETRY, unit=UP),
+             _snap(120, unit=DEAD), _snap(130, unit=DEAD), _snap(140, unit=DEAD)]
+    final = fold(snaps)[-1]
+    assert (final.verdict, final.cause) == ("crashed", "distributed_init_timeout")
+    assert final.proof is not None and "for the process group's store" in final.proof
+
+
+def test_a_crash_after_a_wait_that_ended_keeps_its_own_cause() -> None:
+    final = _plain([*TCPSTORE_RETRY,
+                    "INFO 07-28 15:02:40 [pynccl.py:70] vLLM is using nccl==2.21.5",
+                    "Dec 02 10:00:00 h systemd[1]: vllm.service: Main process exited, "
+                    "code=exited, status=1/FAILURE"])[-1]
+    assert final.verdict == "crashed" and final.cause != "distributed_init_timeout"

@@ -461,14 +461,21 @@ CAUSES: tuple[Cause, ...] = (
         "distributed_init_timeout",
         # torch.distributed's rendezvous gives up on a rank that never joined: TCPStore's
         # server ("Timed out after 601 seconds waiting for clients. 1/4 clients joined.",
-        # c10d TCPStore.cpp), a client that cannot reach the store ("The client socket has
-        # timed out after 600000ms while trying to connect to (host, port)", socket.cpp),
+        # c10d TCPStore.cpp), a client that cannot reach the store (the exception
+        # "DistNetworkError: The client socket has timed out after 600000ms while trying to
+        # connect to (host, port)"; the socket's own log line of each attempt is a retry,
+        # the store_connect wait),
         # a store wait ("DistStoreError: wait timeout after 600000ms") and
         # distributed_c10d's store-based barrier; vllm#17056 (DP 4), #19670, #12526
         (r"Timed out after \d+ seconds waiting for clients(?:\. (?P<joined>\d+)/(?P<world>\d+) "
          r"clients joined)?"
-         r"|The client socket has timed out after \d+ ?ms while trying to connect to "
+         # torch ≤ 2.1 says the timeout in seconds ("1800s"), later in ms
+         r"|The client socket has timed out after \d+ ?(?:ms|s|min)\b while trying to connect to "
          r"\((?P<host>[^,()]{1,200}), ?(?P<port>\d+)\)"
+         # TCPStore's own give-up once its retries pass the timeout (torch ≥ 2.5, whatever
+         # error the last try met); its retries are the store_connect wait
+         r"|TCP client failed to connect/validate to host (?P<host2>\S{1,200}?):(?P<port2>\d+) "
+         r"- timed out \(try="
          r"|DistStoreError: [Ww]ait timeout after \d+ ?ms"
          r"|Timed out initializing process group in store based barrier"
          # V1's DP coordinator process not up within its startup timeout (vllm#37452:
@@ -890,6 +897,9 @@ class Wait:
     pattern: re.Pattern[str]
     cause: str | None = None
     reached: str | None = None  # the phase the wait proves the start got to
+    # The line quotes the error it retries after (torch's TCPStore client): it is the wait
+    # whatever that error says, and only the give-up or the process's exit ends the start.
+    retries: bool = False
 
 
 WAITS: tuple[Wait, ...] = (
@@ -933,18 +943,38 @@ WAITS: tuple[Wait, ...] = (
          cause="distributed_init_timeout"),
     # torch.distributed: the store-based barrier (distributed_c10d._store_based_barrier,
     # INFO, "Waiting in store based barrier to initialize process group for rank: 0, key:
-    # … (world_size=2, num_workers_joined=1, timeout=0:30:00)") and TCPStore's client
-    # retrying ("[c10d] TCP client failed to connect/validate to host H:P - retrying")
+    # … (world_size=2, num_workers_joined=1, timeout=0:30:00)")
     Wait("store_barrier", "the other ranks of the process group",
-         re.compile(r"Waiting in store based barrier to initialize process group"
-                    r"|TCP client failed to connect/validate to host \S{1,200} - retrying"),
+         re.compile(r"Waiting in store based barrier to initialize process group"),
          cause="distributed_init_timeout", reached="distributed_init"),
+    # A TCPStore client connecting to the master rank's store (c10d socket.cpp and
+    # TCPStore.cpp). Since torch 2.5 (pytorch#129261) TCPStore retries the whole connect
+    # until its own timeout: each attempt that times out logs the socket's "[E… socket.cpp:N]
+    # [c10d] The client socket has timed out after 600000ms while trying to connect to (H,
+    # P)." (C10D_ERROR, then a throw that TCPStore catches) and then its WARNING "TCP client
+    # failed to connect/validate to host H:P - retrying (try=0, …): <that error>", and waits
+    # a full timeout again (trl#4538, vllm#19670's "try=1"). While nothing listens yet: "The
+    # server socket on … has timed out, will retry." (vllm-metal#58), "No socket on (H, P) is
+    # listening yet, will retry", torch ≤ 2.1's "[W socket.cpp:N] [c10d] The client socket has
+    # failed to connect to H:P (errno: 110 - Connection timed out)." (vllm#3771, #2427). Only
+    # TCPStore's "- timed out (try=N, …)" or the exception the process dies of ends it.
+    Wait("store_connect", "the process group's store on the master rank (TCPStore)",
+         re.compile(r"(?:^\[[A-Z]\d{0,4}[^\]]{0,60}\] |\[c10d\] )The client socket has timed out "
+                    r"after "
+                    r"|TCP client failed to connect/validate to host \S{1,200} - retrying"
+                    r"|The server socket on \S{1,200} (?:has timed out|is not yet listening)"
+                    r"[^,]{0,80}, will retry"
+                    r"|No socket on \([^)]{1,200}\) is listening yet, will retry"
+                    r"|\[c10d\] The client socket has failed to connect to (?!any network "
+                    r"address)\S{1,200} \(errno"),
+         cause="distributed_init_timeout", reached="distributed_init", retries=True),
     # V0 front end (MQLLMEngineClient's output loop, 0.6 → 0.10) at DEBUG every
     # VLLM_RPC_TIMEOUT while no output comes: while the engine starts or sits idle alike
     Wait("v0_engine_output", "output from the engine process",
          re.compile(r"Waiting for output from MQLLMEngine")),
 )
 WAIT: Mapping[str, Wait] = {w.id: w for w in WAITS}
+_RETRIES: tuple[Wait, ...] = tuple(w for w in WAITS if w.retries)
 
 CAUSE: Mapping[str, Cause] = {c.id: c for c in CAUSES}
 _COMPILED: dict[str, re.Pattern[str]] = {
@@ -1169,6 +1199,9 @@ def remedy_for(cause: str, values: Mapping[str, str] | None = None) -> str:
     v["cap_note"] = f" (compute capability {v['cap']})" if v.get("cap") else ""
     v["joined_note"] = (f" ({v['joined']} of {v['world']} joined)"
                         if v.get("joined") and v.get("world") else "")
+    for alt in ("host", "port"):
+        if f"{alt}2" in v and alt not in v:
+            v[alt] = v[f"{alt}2"]
     v["store_note"] = f" at {v['host']}:{v['port']}" if v.get("host") and v.get("port") else ""
     rec = CAUSE.get(cause)
     template = rec.remedy if rec is not None else VERDICT_REMEDIES.get(
@@ -1243,6 +1276,19 @@ def _reached(line: Line, msg: str) -> str | None:
     return None
 
 
+def _wait_match(waits: tuple[Wait, ...], line: Line, reached: str | None) -> Match | None:
+    """The first of `waits` this line reports (kind "noise": alive, never progress), at the
+    later of its own phase and what the line proves."""
+    for wait in waits:
+        wm = wait.pattern.search(line.message)
+        if wm:
+            at = wait.reached or reached
+            if reached is not None and at is not None and phase_index(reached) > phase_index(at):
+                at = reached
+            return Match("noise", line, values=_floats(wm.groupdict()), reached=at, wait=wait.id)
+    return None
+
+
 def classify(text: str) -> Match:
     """Classify one raw log line (ANSI codes, vLLM prefix and paste wrappers allowed)."""
     line = parse_line(text)
@@ -1275,6 +1321,11 @@ def classify(text: str) -> Match:
         return Match("fatal", line, cause="kv_cache_too_small",
                      remedy=remedy_for("kv_cache_too_small"), reached="kv_cache",
                      role="root")
+    # A retry quotes the error it met: the wait, not that error.
+    if "retry" in msg or "client socket" in msg:
+        retry = _wait_match(_RETRIES, line, reached)
+        if retry is not None:
+            return retry
     # vLLM raises what is fatal; what it logs at DEBUG/INFO/WARNING it survives (since
     # 0.6.5 the Ray placement-group shortfall is a warning, and vLLM waits for the GPUs).
     advisory = line.level in ("DEBUG", "INFO", "WARNING", "WARN")
@@ -1291,17 +1342,10 @@ def classify(text: str) -> Match:
                     values=_floats(fm.groupdict()), reached=reached, role=cause.role,
                     exception=exc_type,
                 )
-    if "ait" in msg or "exceeds" in msg or "fulfill" in msg or "scheduled" in msg \
-            or "retrying" in msg:
-        for wait in WAITS:
-            wm = wait.pattern.search(msg)
-            if wm:
-                at = wait.reached or reached
-                if reached is not None and at is not None \
-                        and phase_index(reached) > phase_index(at):
-                    at = reached
-                return Match("noise", line, values=_floats(wm.groupdict()), reached=at,
-                             wait=wait.id)
+    if "ait" in msg or "exceeds" in msg or "fulfill" in msg or "scheduled" in msg:
+        waited = _wait_match(WAITS, line, reached)
+        if waited is not None:
+            return waited
     for cause, hint in _HINTS:
         if hint.search(msg):
             if cause.reached is not None and (

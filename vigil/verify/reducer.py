@@ -539,11 +539,14 @@ def _fold_lines(st: WatchState, snap: Snapshot, now: float) -> tuple[_Fold, Watc
             f.phase_changed |= _advance(f.spans, m.reached, t)
         if m.kind in ("fatal", "serving", "marker") or m.reached is not None:
             f.st = replace(f.st, begun=True)
-        if m.kind in ("fatal", "serving", "marker") and f.st.waiting is not None:
-            f.st = replace(f.st, waiting=None)
         # A line stamped before this start is the previous run's (a restart's journal
         # begins with the last run's stop and exit status): never this start's failure.
         before_start = f.st.started_at is not None and t < f.st.started_at
+        if m.kind in ("fatal", "serving", "marker") and f.st.waiting is not None:
+            hints = f.st.hints
+            if m.kind == "fatal" and m.role == "chain" and not before_start:
+                hints = _wait_hint(f.st, f.st.waiting, m.line.message, t)
+            f.st = replace(f.st, waiting=None, hints=hints)
         if m.kind == "fatal" and m.cause is not None and before_start:
             continue
         if m.role == "hint" and m.cause is not None and not before_start \
@@ -802,15 +805,30 @@ def _crash(st: WatchState, snap: Snapshot, smoke: Smoke | None) -> tuple[str, st
     return None
 
 
+def _wait_hint(st: WatchState, waiting: Waiting, what: str, t: float) -> tuple[Fatal, ...]:
+    """The hints with the wait the start was in when `what` (a chain line, the unit's end)
+    came: a wait that can never end names what an exit nothing else explains died of."""
+    cause = catalog.WAIT[waiting.wait].cause
+    if cause is None or len(st.hints) >= MAX_HINTS:
+        return st.hints
+    proof = f"{what[:200]}, after {waiting.describe()} ({waiting.line[:200]})"
+    return (*st.hints, Fatal(cause, proof, catalog.remedy_for(cause), "hint", t,
+                             after_stop=st.stop_asked))
+
+
 def _hinted(st: WatchState, crash: tuple[str, str, str]) -> tuple[str, str, str]:
     """A crash of unknown cause, proven only by a chain line or the unit's state, takes its
     cause from the first hint of this start (NCCL's WARN naming the CUDA call that failed
-    before "WorkerProc failed to start."). A root cause, an exception line or a symptom
-    keeps its own; a hint alone is never a crash."""
+    before "WorkerProc failed to start."; the wait it died in, e.g. TCPStore's retries).
+    A root cause, an exception line or a symptom keeps its own; a hint alone is never a
+    crash."""
     best = _best_fatal(st.fatal)
     if crash[0] != "unknown" or (best is not None and best.rank != "chain"):
         return crash
-    hint = next((h for h in st.hints if not h.after_stop), None)
+    hints = st.hints
+    if st.waiting is not None:  # the unit died while the log still waited
+        hints = _wait_hint(st, st.waiting, crash[1], st.waiting.last)
+    hint = next((h for h in hints if not h.after_stop), None)
     return crash if hint is None else (hint.cause, hint.proof, hint.remedy)
 
 
