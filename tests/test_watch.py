@@ -190,7 +190,8 @@ def test_loop_stops_at_a_real_crash_and_never_sends_a_completion() -> None:
     clock = FakeClock()
     target = watch.ProbeTarget("vllm", 8000, "vllm", "/var/cache/vigil/vllm", "python3", "tiny")
     poller = watch.Poller(host, target)
-    state = watch.watch(poller.probe, poller.smoke, Budgets(), clock=clock, sleep=clock.sleep)
+    state = watch.watch(poller.probe, poller.smoke, Budgets(), poll_s=5.0, clock=clock,
+                        sleep=clock.sleep)
     assert state.verdict == "crashed"
     assert not any(agent_verb(c) == "smoke" for c, _ in host.commands)
     assert host.i == state.polls <= len(snaps)
@@ -202,15 +203,16 @@ def test_probe_failures_in_a_row_lose_the_host() -> None:
     target = watch.ProbeTarget("vllm", 8000, "vllm", "/c", "python3", "tiny")
     poller = watch.Poller(host, target)
     with pytest.raises(HostError, match="3 probes in a row failed"):
-        watch.watch(poller.probe, poller.smoke, Budgets(), clock=clock, sleep=clock.sleep,
-                    max_failures=3, host="lab5")
+        watch.watch(poller.probe, poller.smoke, Budgets(), poll_s=5.0, clock=clock,
+                    sleep=clock.sleep, max_failures=3, host="lab5")
 
 
 def test_one_failed_probe_is_retried() -> None:
     host = RecordedHost(lab_trace("lab-cold-ready.jsonl"), fail_probes=1)
     clock = FakeClock()
     poller = watch.Poller(host, watch.ProbeTarget("vllm", 8000, "vllm", "/c", "python3", "t"))
-    state = watch.watch(poller.probe, poller.smoke, Budgets(), clock=clock, sleep=clock.sleep)
+    state = watch.watch(poller.probe, poller.smoke, Budgets(), poll_s=5.0, clock=clock,
+                        sleep=clock.sleep)
     assert state.verdict == "ready"
 
 
@@ -284,6 +286,48 @@ def test_verify_target_records_history_and_writes_the_trace(
     assert history.Mirror(tmp_path / "history.sqlite").records() == recs
     assert out.trace is not None and replay.replay_file(out.trace)["verdict"] == "ready"
     assert len(Path(out.trace).read_text().splitlines()) == out.state.polls  # type: ignore[union-attr]
+
+
+def test_the_record_is_written_after_the_verdict_not_while_watching(
+    tmp_path: Path, lab_target: targets_mod.Target
+) -> None:
+    host = RecordedHost(lab_trace("lab-cold-ready.jsonl"))
+    clock = FakeClock()
+    out = watch.verify_target(lab_target, watch.Settings(poll_s=2, stream=False), tmp_path,
+                              transport=host, clock=clock, sleep=clock.sleep)
+    verbs = [agent_verb(c) for c, _ in host.commands]
+    appends = [i for i, (c, stdin) in enumerate(host.commands) if agent_verb(c) == "history"
+               and json.loads(remote.verb_input(stdin))["append"] is not None]
+    assert out.verdict == "ready" and out.record is not None
+    # one write, after the last probe and smoke: the record is the stage after the verdict
+    assert appends == [len(verbs) - 1] and "probe" in verbs[:-1]
+
+
+def test_a_host_refusing_the_record_keeps_the_verdict_and_says_why(
+    tmp_path: Path, lab_target: targets_mod.Target
+) -> None:
+    class Refusing(RecordedHost):
+        def run(self, command: str, *, stdin: str = "",
+                timeout: float | None = None) -> Result:
+            if agent_verb(command) == "history" and \
+                    json.loads(remote.verb_input(stdin))["append"] is not None:
+                return Result(json.dumps({"error": "Permission denied"}), "", 0)
+            return super().run(command, stdin=stdin, timeout=timeout)
+
+    clock = FakeClock()
+    out = watch.verify_target(lab_target, watch.Settings(poll_s=2), tmp_path,
+                              transport=Refusing(lab_trace("lab-cold-ready.jsonl")),
+                              clock=clock, sleep=clock.sleep)
+    assert out.verdict == "ready" and out.record is None
+    assert out.error is not None and "Permission denied" in out.error
+    assert history.Mirror(tmp_path / "history.sqlite").records() == []
+
+
+@pytest.mark.parametrize(("given", "host", "pause"), [(None, 7.0, 7.0), (2.0, 7.0, 2.0)])
+def test_one_rule_sets_the_pause_between_polls(given: float | None, host: float,
+                                               pause: float) -> None:
+    # --poll / vigil.poll_s for every host, else the host's own poll_s
+    assert watch.Settings(poll_s=given).poll_for(host) == pause
 
 
 def test_host_history_is_merged_and_budgets_come_from_it(
@@ -522,7 +566,7 @@ def test_systemd_gone_ends_the_watch_at_once_with_systemctls_words() -> None:
     with pytest.raises(HostError, match=re.escape(
             "systemctl cannot answer (1 probe(s) in a row): System has not been booted")) as exc:
         watch.watch(_unit_error_probe(words, []), lambda: Smoke(ok=False), Budgets(),
-                    clock=clock, sleep=clock.sleep, host="lab5")
+                    poll_s=5.0, clock=clock, sleep=clock.sleep, host="lab5")
     assert "systemd as PID 1" in (exc.value.fix or "")
 
 
@@ -530,10 +574,10 @@ def test_a_passing_systemctl_error_is_waited_out_and_a_lasting_one_is_not() -> N
     clock = FakeClock()
     ready = lab_trace("lab-cold-ready.jsonl")
     probe = _unit_error_probe("Connection timed out", [*ready])
-    state = watch.watch(probe, lambda: Smoke(ok=True, tokens=1), Budgets(), clock=clock,
-                        sleep=clock.sleep, max_failures=3)
+    state = watch.watch(probe, lambda: Smoke(ok=True, tokens=1), Budgets(), poll_s=5.0,
+                        clock=clock, sleep=clock.sleep, max_failures=3)
     assert state.verdict == "ready"
     lasting = _unit_error_probe("timed out", [])
     with pytest.raises(HostError, match=re.escape("(3 probe(s) in a row)")):
-        watch.watch(lasting, lambda: Smoke(ok=False), Budgets(), clock=clock,
+        watch.watch(lasting, lambda: Smoke(ok=False), Budgets(), poll_s=5.0, clock=clock,
                     sleep=clock.sleep, max_failures=3)

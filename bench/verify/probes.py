@@ -181,7 +181,7 @@ def steady_cost(host: str, index: int, seconds: float = 30.0) -> dict[str, Any]:
                                t.rendered.paths.cache, t.rendered.paths.python, "tiny")
     with connect(host, t.vars) as transport:
         poller = watch.Poller(transport, target, lambda c: privileged(c, t.vars))
-        s = poller.streamer(lambda m: None)
+        s = poller.streamer(lambda m: None, t.vars.poll_s)
         first = poller.probe(None)
         s(first.journal.cursor)
         before = stream_cpu(index)

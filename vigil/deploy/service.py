@@ -174,7 +174,7 @@ def rollback(transport: Transport, hv: HostVars, *, wait: bool, settings: watch.
             return None
         served = status(transport, hv).served_name or ""
         return watch.watch_service(name, transport, probe_target(hv, served, api_key), settings,
-                                   state_dir,
+                                   state_dir, poll_s=hv.poll_s,
                                    privileged_fn=lambda cmd: privileged(cmd, hv, transport),
                                    on_poll=Reporter(live=False, emit=log).poll)
 

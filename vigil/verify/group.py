@@ -29,11 +29,10 @@ from vigil.errors import VigilError
 from vigil.transport.base import Transport, privileged
 from vigil.transport.ssh import connect
 from vigil.verify import history
-from vigil.verify.budgets import BudgetKey, Budgets, HistoryRecord, phase_defaults, plan_budgets
-from vigil.verify.reducer import PHASES, TERMINAL, WatchState, initial, phase_durations, step
-from vigil.verify.smoke import served_name
+from vigil.verify.budgets import BudgetKey, Budgets, phase_defaults, plan_budgets
+from vigil.verify.reducer import PHASES, TERMINAL, WatchState, initial, step
 from vigil.verify.snapshot import Smoke, Snapshot
-from vigil.verify.watch import POLL_S, Poller, ProbeTarget, Settings, trace_path, with_stall
+from vigil.verify.watch import Poller, ProbeTarget, Settings, trace_path, with_stall
 
 if TYPE_CHECKING:
     from vigil.desired.config import HostVars
@@ -239,7 +238,7 @@ def watch_group(
     run_smoke: Callable[[], Smoke],
     budgets: Budgets,
     *,
-    poll_s: float = 5.0,
+    poll_s: float,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
     on_poll: Callable[[GroupState], None] | None = None,
@@ -310,11 +309,7 @@ def verify_group(
             t = node.target
             transport = stack.enter_context(connect(t.name, t.vars))
             transports[node.name] = transport
-            target = ProbeTarget(
-                unit=t.vars.service, port=t.vars.port, user=t.vars.service_user,
-                cache_dir=t.rendered.paths.cache, python=t.rendered.paths.python,
-                model=served_name(t.profile), api_key=t.rendered.env.get("VLLM_API_KEY"),
-                max_lines=settings.max_lines)
+            target = ProbeTarget.of(t, settings.max_lines)
             poller = Poller(transport, target,
                             partial(_privileged, host=t.vars, transport=transport), settings)
             probes[node.name] = poller.probe
@@ -351,23 +346,18 @@ def verify_group(
             ray_check = every(RAY_CHECK_S, partial(_ray_join, transports[head.name], group,
                                                    probe))
         out = watch_group(probes, {n.name: n.rank for n in group.nodes if n.serves},
-                          head_poller.smoke, budgets, poll_s=settings.poll_s or POLL_S,
+                          head_poller.smoke, budgets,
+                          poll_s=settings.poll_for(head.vars.poll_s),
                           on_poll=on_poll, deadline_s=deadline_s, traces=traces,
                           ray_check=ray_check)
         final = out.history[-1]
         st = out.nodes[head.name].state
-        if mirror is not None and key is not None and final.verdict is not None \
-                and st.started_at is not None:
-            rec = HistoryRecord(
-                key=key, started_at=st.started_at, verdict=final.verdict,
-                phases_s={k: round(v, 3) for k, v in phase_durations(st).items()},
-                total_s=round((st.now or st.started_at) - st.started_at, 3),
-                cause=final.cause, host=head.name,
-                quiet_s={k: round(v, 3) for k, v in st.quiet_s.items()},
-                weights_gib_per_gpu=head.profile.weights_gib_per_gpu,
-                gpu_count=head.gpus_needed or 1)
-            history.append_host(transports[head.name], head.vars, rec)
-            mirror.add([rec])
+        rec = history.start_record(key, st, host=head.name, verdict=final.verdict,
+                                   cause=final.cause, profile=head.profile,
+                                   gpu_count=head.gpus_needed or 1) \
+            if key is not None and final.verdict is not None else None
+        if mirror is not None and rec is not None:  # the stage after the group's verdict
+            history.record(transports[head.name], head.vars, mirror, rec)
         return out
 
 

@@ -25,7 +25,7 @@ from vigil.desired.stacks import Stack
 from vigil.errors import ConfigError, HostError
 from vigil.transport.base import Transport
 from vigil.transport.remote import call
-from vigil.verify import compile_cache
+from vigil.verify import compile_cache, reducer
 from vigil.verify.budgets import BudgetKey, CacheState, HistoryRecord
 from vigil.verify.replay import MAX_EPOCH_S
 
@@ -279,6 +279,29 @@ def read_host(transport: Transport, host: HostVars,
 def append_host(transport: Transport, host: HostVars, record: HistoryRecord) -> None:
     """Append one record to the host's history (one round trip, record on stdin)."""
     _history(transport, host, record)
+
+
+def start_record(key: BudgetKey, state: reducer.WatchState, *, host: str, verdict: str,
+                 cause: str | None, profile: ModelProfile, gpu_count: int,
+                 cache: compile_cache.CompileCache | None = None) -> HistoryRecord | None:
+    """The history record of a watched start (a host's or a node group's head's), once
+    its verdict is in; None for a start the watch never saw begin."""
+    if state.started_at is None:
+        return None
+    return HistoryRecord(
+        key=key, started_at=state.started_at, verdict=verdict,
+        phases_s={k: round(v, 3) for k, v in reducer.phase_durations(state).items()},
+        total_s=round((state.now or state.started_at) - state.started_at, 3),
+        cause=cause, host=host, quiet_s={k: round(v, 3) for k, v in state.quiet_s.items()},
+        weights_gib_per_gpu=profile.weights_gib_per_gpu, gpu_count=gpu_count,
+        compile_cache=cache.to_record() if cache is not None else None)
+
+
+def record(transport: Transport, host: HostVars, mirror: Mirror, rec: HistoryRecord) -> None:
+    """The stage after a verdict: the start into the host's history, then the mirror (a
+    host that refuses the write leaves the mirror as it was)."""
+    append_host(transport, host, rec)
+    mirror.add([rec])
 
 
 def _history(transport: Transport, host: HostVars, append: HistoryRecord | None,

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from vigil.errors import HostError, VigilError
-from vigil.exitcodes import SEVERITY, VERDICT_EXIT, ExitCode
+from vigil.exitcodes import VERDICT_EXIT, ExitCode, worst
 from vigil.transport.base import Transport, privileged
 from vigil.transport.remote import call_with
 from vigil.transport.ssh import connect
@@ -39,14 +39,13 @@ from vigil.verify.snapshot import Smoke, Snapshot
 from vigil.verify.stream import StreamProbe
 
 if TYPE_CHECKING:
+    from vigil.desired.config import HostVars
     from vigil.desired.targets import Target
 
 Clock = Callable[[], float]
 Sleep = Callable[[float], None]
 
 # VERDICT_EXIT (vigil/exitcodes.py): the documented exit code of each terminal verdict.
-
-POLL_S = 5.0  # a start watched without inventory variables (rollback): poll_s's default
 
 
 @dataclass(frozen=True)
@@ -66,6 +65,12 @@ class Settings:
     # poll every poll_s. A host that cannot stream is polled anyway (said once).
     stream: bool = True
 
+    def poll_for(self, host_poll_s: float) -> float:
+        """The pause between polls, the one rule for every watch: --poll or vigil.poll_s
+        for every host, else the host's own poll_s (the verify role's default, 5 s, <
+        the inventory's)."""
+        return self.poll_s if self.poll_s is not None else host_poll_s
+
 
 @dataclass(frozen=True)
 class ProbeTarget:
@@ -82,6 +87,14 @@ class ProbeTarget:
 
     def cache_dirs(self) -> tuple[str, str]:
         return self.cache_dir, f"/tmp/torchinductor_{self.user}"
+
+    @classmethod
+    def of(cls, t: Target, max_lines: int) -> ProbeTarget:
+        """The service a deploy target renders (a host's, or a node group's node)."""
+        return cls(unit=t.vars.service, port=t.vars.port, user=t.vars.service_user,
+                   cache_dir=t.rendered.paths.cache, python=t.rendered.paths.python,
+                   model=smoke.served_name(t.profile),
+                   api_key=t.rendered.env.get("VLLM_API_KEY"), max_lines=max_lines)
 
 
 def probe_request(t: ProbeTarget, cursor: str | None) -> dict[str, Any]:
@@ -123,11 +136,13 @@ class Poller:
             return Smoke(ok=False, error=f"smoke did not finish: {exc.message}")
         return smoke.parse(data)
 
-    def streamer(self, note: Callable[[str], None], sleep: Sleep = time.sleep) -> StreamProbe:
-        """A ProbeFn over one held channel; polls (this Poller) when it cannot stream."""
+    def streamer(self, note: Callable[[str], None], poll_s: float,
+                 sleep: Sleep = time.sleep) -> StreamProbe:
+        """A ProbeFn over one held channel; polls (this Poller) every ``poll_s`` when it
+        cannot stream."""
         req = probe_request(self.target, None)
         return StreamProbe(self.transport, self.privileged, req, self.target.python,
-                           self.probe, self.settings.poll_s or POLL_S, note=note, sleep=sleep)
+                           self.probe, poll_s, note=note, sleep=sleep)
 
 
 def probe_fn(poller: Poller, settings: Settings, poll_s: float, note: Callable[[str], None],
@@ -136,7 +151,7 @@ def probe_fn(poller: Poller, settings: Settings, poll_s: float, note: Callable[[
     the host has news) or polling every poll_s."""
     if not settings.stream:
         return poller.probe, poll_s, None
-    s = replace(poller.streamer(note, sleep), poll_s=poll_s)
+    s = poller.streamer(note, poll_s, sleep)
     return s, 0.0, s
 
 
@@ -155,7 +170,7 @@ def watch(
     run_smoke: SmokeFn,
     budgets: Budgets,
     *,
-    poll_s: float = 5.0,
+    poll_s: float,
     first: Snapshot | None = None,
     clock: Clock = time.monotonic,
     sleep: Sleep = time.sleep,
@@ -284,20 +299,86 @@ def trace_path(state_dir: Path, host: str, now: float | None = None) -> Path:
     return state_dir / "traces" / f"{host}-{stamp.strftime('%Y%m%dT%H%M%SZ')}.jsonl"
 
 
+OnHostPoll = Callable[[str, reducer.WatchState, Snapshot, Budgets], None]
+
+
+@dataclass(frozen=True)
+class Session:
+    """One watched start, built the same way for a deploy's or verify's host and for a
+    rollback: the service's probe, its budgets, the pause between polls and the trace it
+    writes (a node group builds its probe targets, poll and record the same way). What
+    comes before (history in, budgets, the prediction) and after (the record:
+    ``record_start``) are stages of their own."""
+
+    name: str
+    poller: Poller
+    budgets: Budgets
+    poll_s: float
+    trace: Path
+    first: Snapshot | None = None  # a snapshot already taken (it decided cold or warm)
+
+
+def watch_session(s: Session, out: Outcome, *, note: Callable[[str], None],
+                  on_poll: OnHostPoll | None, clock: Clock, sleep: Sleep) -> None:
+    """Watch the session's start to a verdict, the trace written as it goes; the verdict,
+    smoke, stream and probe times land on ``out``. A lost host raises (HostError)."""
+    s.trace.parent.mkdir(parents=True, exist_ok=True)
+    out.trace = str(s.trace)
+    smokes: list[Smoke] = []
+
+    def smoke_fn() -> Smoke:
+        smokes.append(s.poller.smoke())
+        return smokes[-1]
+
+    def poll(state: reducer.WatchState, snap: Snapshot) -> None:
+        if on_poll is not None:
+            on_poll(s.name, state, snap, s.budgets)
+
+    settings = s.poller.settings
+    probe, pause, streamer = probe_fn(s.poller, settings, s.poll_s, note, sleep)
+    try:
+        with s.trace.open("w", encoding="utf-8") as fh:
+            out.state = watch(probe, smoke_fn, s.budgets, poll_s=pause, first=s.first,
+                              clock=clock, sleep=sleep, on_poll=poll, trace=fh,
+                              max_failures=settings.max_probe_failures, host=s.name)
+    finally:
+        if streamer is not None:
+            streamer.close()
+            out.stream_pids = list(streamer.pids)
+            out.streamed = streamer.fallback is None
+    out.smoke = smokes[-1] if smokes else None
+    out.exit_code = int(VERDICT_EXIT.get(out.state.verdict or "", ExitCode.FAILED))
+    out.probe_s = list(s.poller.probe_s)
+
+
+def record_start(out: Outcome, transport: Transport, host: HostVars, state_dir: Path) -> None:
+    """The stage after the verdict: the start's record (if the watch saw it begin) into
+    the host's history and the local mirror. A host that refuses the write is this
+    outcome's error, as a lost host is."""
+    if out.record is None or out.error is not None:
+        return
+    try:
+        history.record(transport, host, history.Mirror(state_dir / "history.sqlite"),
+                       out.record)
+    except VigilError as exc:
+        out.record = None
+        out.error, out.exit_code = str(exc), int(exc.exit_code)
+
+
 def verify_target(
     t: Target,
     settings: Settings,
     state_dir: Path,
     *,
     transport: Transport | None = None,
-    on_poll: Callable[[str, reducer.WatchState, Snapshot, Budgets], None] | None = None,
+    on_poll: OnHostPoll | None = None,
     on_note: Callable[[str, str], None] | None = None,
     clock: Clock = time.monotonic,
     sleep: Sleep = time.sleep,
     on_predict: OnPredict | None = None,
 ) -> Outcome:
-    """Watch one deploy target's start: history in, budgets, prediction, watch, record,
-    trace."""
+    """Watch one deploy target's start: history in, budgets, prediction, the watch (its
+    trace), then the record."""
     out = Outcome(t.name)
     t_start = clock()
 
@@ -315,6 +396,7 @@ def verify_target(
         if transport is not None:
             _verify_on(t, transport, settings, state_dir, out, note, on_poll, clock, sleep,
                        on_predict)
+            record_start(out, transport, t.vars, state_dir)
             out.round_trips = transport.round_trips
     out.seconds = round(clock() - t_start, 2)
     return out
@@ -322,20 +404,15 @@ def verify_target(
 
 def _verify_on(t: Target, transport: Transport, settings: Settings, state_dir: Path,
                out: Outcome, note: Callable[[str], None],
-               on_poll: Callable[[str, reducer.WatchState, Snapshot, Budgets], None] | None,
-               clock: Clock, sleep: Sleep, on_predict: OnPredict | None = None) -> None:
+               on_poll: OnHostPoll | None, clock: Clock, sleep: Sleep,
+               on_predict: OnPredict | None = None) -> None:
     try:
         mirror = history.Mirror(state_dir / "history.sqlite")
         cores, host_records = history.read_host(transport, t.vars, warn=note)
         added = mirror.add(host_records)
         if added:
             note(f"history: {added} record(s) from the host merged into the local mirror")
-        target = ProbeTarget(
-            unit=t.vars.service, port=t.vars.port, user=t.vars.service_user,
-            cache_dir=t.rendered.paths.cache, python=t.rendered.paths.python,
-            model=smoke.served_name(t.profile), api_key=t.rendered.env.get("VLLM_API_KEY"),
-            max_lines=settings.max_lines,
-        )
+        target = ProbeTarget.of(t, settings.max_lines)
         poller = Poller(transport, target, lambda c: privileged(c, t.vars, transport), settings)
         first = poller.probe(None)
         unit = first.unit
@@ -371,53 +448,20 @@ def _verify_on(t: Target, transport: Transport, settings: Settings, state_dir: P
         note(f"prediction: {out.prediction.line()}: {out.prediction.cache_why}")
         if on_predict is not None:
             on_predict(t.name, out.prediction)
-        path = trace_path(state_dir, t.name)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        out.trace = str(path)
-        smokes: list[Smoke] = []
-
-        def smoke_fn() -> Smoke:
-            s = poller.smoke()
-            smokes.append(s)
-            return s
-
-        def poll(state: reducer.WatchState, snap: Snapshot) -> None:
-            if on_poll is not None:
-                on_poll(t.name, state, snap, budgets)
-
-        probe, pause, streamer = probe_fn(poller, settings, settings.poll_s or t.vars.poll_s,
-                                          note, sleep)
-        try:
-            with path.open("w", encoding="utf-8") as fh:
-                state = watch(probe, smoke_fn, budgets, poll_s=pause, first=first,
-                              clock=clock, sleep=sleep, on_poll=poll, trace=fh,
-                              max_failures=settings.max_probe_failures, host=t.name)
-        finally:
-            if streamer is not None:
-                streamer.close()
-                out.stream_pids = list(streamer.pids)
-                out.streamed = streamer.fallback is None
-        out.state = state
-        out.smoke = smokes[-1] if smokes else None
+        session = Session(t.name, poller, budgets, settings.poll_for(t.vars.poll_s),
+                          trace_path(state_dir, t.name), first=first)
+        watch_session(session, out, note=note, on_poll=on_poll, clock=clock, sleep=sleep)
+        state = out.state
+        assert state is not None
         out.compile_cache = _compile_cache(t, key, first, state, past)
-        out.exit_code = int(VERDICT_EXIT.get(state.verdict or "", ExitCode.FAILED))
-        if out.observed_start and state.started_at is not None:
-            rec = HistoryRecord(
-                key=key, started_at=state.started_at, verdict=state.verdict or "unknown",
-                phases_s={k: round(v, 3) for k, v in reducer.phase_durations(state).items()},
-                total_s=round((state.now or state.started_at) - state.started_at, 3),
-                cause=state.cause, host=t.name,
-                quiet_s={k: round(v, 3) for k, v in state.quiet_s.items()},
-                weights_gib_per_gpu=t.profile.weights_gib_per_gpu, gpu_count=gpu_count,
-                compile_cache=out.compile_cache.to_record(),
-            )
-            history.append_host(transport, t.vars, rec)
-            mirror.add([rec])
-            out.record = rec
-        else:
+        if out.observed_start:
+            out.record = history.start_record(
+                key, state, host=t.name, verdict=state.verdict or "unknown",
+                cause=state.cause, profile=t.profile, gpu_count=gpu_count,
+                cache=out.compile_cache)
+        if out.record is None:
             note("the service was already serving when the watch began: checked, not "
                  "recorded as a start")
-        out.probe_s = list(poller.probe_s)
     except VigilError as exc:
         out.error = str(exc)
         out.exit_code = int(exc.exit_code)
@@ -471,10 +515,8 @@ def verify_all(
 
 
 def worst_exit(outcomes: list[Outcome]) -> int:
-    """The run's exit code: bad input first, then the worst verdict (timed out > stalled >
-    crashed > stopped), then a lost host (unreachable before any other failure)."""
-    codes = {o.exit_code for o in outcomes}
-    return next((int(code) for code in SEVERITY if code in codes), 0)
+    """The run's exit code: the worst of its hosts' (exitcodes.SEVERITY)."""
+    return worst(o.exit_code for o in outcomes)
 
 
 def watch_service(
@@ -484,8 +526,9 @@ def watch_service(
     settings: Settings,
     state_dir: Path,
     *,
+    poll_s: float,
     privileged_fn: Callable[[str], str] = lambda c: c,
-    on_poll: Callable[[str, reducer.WatchState, Snapshot, Budgets], None] | None = None,
+    on_poll: OnHostPoll | None = None,
     clock: Clock = time.monotonic,
     sleep: Sleep = time.sleep,
 ) -> Outcome:
@@ -494,34 +537,12 @@ def watch_service(
     history record (its key would be the inventory's, not the restored release's)."""
     out = Outcome(name)
     t_start = clock()
-    budgets = with_stall(Budgets(), settings.stall_s)
     poller = Poller(transport, target, privileged_fn, settings)
-    path = trace_path(state_dir, name)
+    session = Session(name, poller, with_stall(Budgets(), settings.stall_s),
+                      settings.poll_for(poll_s), trace_path(state_dir, name))
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        out.trace = str(path)
-        smokes: list[Smoke] = []
-
-        def smoke_fn() -> Smoke:
-            smokes.append(poller.smoke())
-            return smokes[-1]
-
-        def poll(state: reducer.WatchState, snap: Snapshot) -> None:
-            if on_poll is not None:
-                on_poll(name, state, snap, budgets)
-
-        probe, pause, streamer = probe_fn(poller, settings, settings.poll_s or POLL_S,
-                                          lambda _m: None, sleep)
-        try:
-            with path.open("w", encoding="utf-8") as fh:
-                out.state = watch(probe, smoke_fn, budgets, poll_s=pause, clock=clock,
-                                  sleep=sleep, on_poll=poll, trace=fh,
-                                  max_failures=settings.max_probe_failures, host=name)
-        finally:
-            if streamer is not None:
-                streamer.close()
-        out.smoke = smokes[-1] if smokes else None
-        out.exit_code = int(VERDICT_EXIT.get(out.state.verdict or "", ExitCode.FAILED))
+        watch_session(session, out, note=lambda _m: None, on_poll=on_poll, clock=clock,
+                      sleep=sleep)
     except VigilError as exc:
         out.error, out.exit_code = str(exc), int(exc.exit_code)
     except (OSError, ValueError) as exc:
