@@ -713,12 +713,51 @@ def phases_page() -> str:
         if p.frames:
             lines.append("- traceback frames that prove a start got this far: "
                          + ", ".join(code(f) for f in sorted(p.frames)))
+        waits = [w for w in catalog.WAITS if w.reached == p.name]
+        if waits:
+            lines.append("- waits that prove a start got this far: "
+                         + ", ".join(f"[`{w.id}`](#{w.id})" for w in waits))
         lines.append("")
         if p.markers:
             lines += ["Log markers (name, edge: the regular expression):", ""]
             lines += [f"- `{m.name}`, {m.edge}: {code(m.pattern.pattern)}" for m in p.markers]
             lines.append("")
-    return "\n".join(lines).rstrip() + "\n"
+    return "\n".join(lines + waits_section()).rstrip() + "\n"
+
+
+def waits_section() -> list[str]:
+    lines = [
+        "## Waits", "",
+        "A wait is vLLM, Ray or torch.distributed waiting for what only the cluster or "
+        "another process can give (`Wait` records, `WAITS` in vigil/verify/catalog.py). Its "
+        "line repeats while nothing moves: it proves the process alive, never progress. A "
+        "start that waits past its phase's stall window is **stalled** with the wait's cause "
+        "(proof: \"waiting M:SS for …\"); stopped while it waits, **stopped** with that cause; "
+        "an exit nothing else explains while it waits takes that cause too. A plain log that "
+        "ends while it waits stays undecided, with a warning naming the wait and its cause. A "
+        "wait that retries quotes the error it met: that error is not the end, only the "
+        "give-up or the process's exit is.", "",
+        "| wait | waits for | proves phase | cause if it never ends | logged by |",
+        "|---|---|---|---|---|",
+    ]
+    for w in catalog.WAITS:
+        cause = f"[`{w.cause}`](causes.md#{w.cause})" if w.cause else "— (its phase's stall)"
+        lines.append(f"| [`{w.id}`](#{w.id}) | {cell(w.what)} | {w.reached or '—'} | {cause} | "
+                     f"{cell(w.source) or '—'} |")
+    lines.append("")
+    for w in catalog.WAITS:
+        lines += [f"### {w.id}", "", f"Waits for {text(w.what)}.", ""]
+        if w.source:
+            lines.append(f"- logged by: {text(w.source)}")
+        lines.append(f"- proves the start reached: `{w.reached}`" if w.reached else
+                     "- proves no phase by itself")
+        lines.append(f"- when it outlasts the stall window: [`{w.cause}`](causes.md#{w.cause})"
+                     if w.cause else "- names no cause: a start stuck here stalls as its phase")
+        if w.retries:
+            lines.append("- a retry: the error its line quotes is not the end")
+        lines += ["", "Wordings (regular expression, matched anywhere in a line):", "",
+                  "```text", w.pattern.pattern, "```", ""]
+    return lines
 
 
 ROLES = {
@@ -770,6 +809,11 @@ def causes_page() -> str:
         if c.frames:
             lines.append("- traceback frames that prove it: "
                          + ", ".join(code(f) for f in sorted(c.frames)))
+        waits = [w for w in catalog.WAITS if w.cause == c.id]
+        if waits:
+            lines.append("- named by the waits that can never end (stalled, stopped or an "
+                         "unexplained exit while waiting): "
+                         + ", ".join(f"[`{w.id}`](phases.md#{w.id})" for w in waits))
         lines += ["", "Wordings (regular expressions, matched anywhere in a line):", "",
                   "```text", *c.patterns, "```", ""]
         if c.hints:

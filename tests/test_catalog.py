@@ -794,6 +794,7 @@ def test_every_wait_names_a_known_cause_and_phase() -> None:
     for w in catalog.WAITS:
         assert w.cause is None or w.cause in catalog.CAUSE, w.id
         assert w.reached is None or w.reached in catalog.PHASES, w.id
+        assert w.source, w.id  # docs/reference/phases.md says who logs it
     assert len(catalog.WAIT) == len(catalog.WAITS)
 
 
