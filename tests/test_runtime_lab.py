@@ -117,7 +117,7 @@ def test_lab_stack_installs_and_checks_clean(ours: list[str]) -> None:
         assert sh(host, f"test -f {CURRENT}/.vigil-complete && echo yes") == "yes"
     # inode and link count beside the line: two hosts' logs once shared one inode
     first = {h: sh(h, f"log=$(readlink {CURRENT}).install.log; stat -c '%i %h' $log; "
-                      f"head -1 $log; ls -l /opt/vigil/bin 2>&1") for h in ours}
+                      f"head -1 $log; ls -l /opt/vigil/bin 2>&1 || true") for h in ours}
     assert "with /opt/vigil/bin/uv" in first["lab3"].splitlines()[1], first
     assert "with pip" in first["lab4"].splitlines()[1], first
     res = invoke("stack.check", "--hosts", "lab3,lab4")
