@@ -6,6 +6,7 @@ bare --json last, JSON on stdout) as a user runs it."""
 from __future__ import annotations
 
 import calendar
+import io
 import json
 import os
 import subprocess
@@ -514,3 +515,35 @@ def test_a_checked_rollout_plans_every_batch_and_says_where_a_real_run_would_sto
     assert doc["untouched"] == [] and sorted(doc["hosts"]) == ["down", "up"]
     assert doc["recap"] == {"ok": 0, "changed": 1, "unreachable": 1, "failed": 0}
     assert code == doc["exit_code"] == 8  # the unreachable host's, not a stopped rollout
+
+
+# -- 22.14: deploy's live view on a terminal, plain lines elsewhere -------------------------
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_deploy_watches_with_the_live_view_on_a_terminal_and_plain_lines_elsewhere(
+        inv: Path, monkeypatch: pytest.MonkeyPatch, terminal: bool) -> None:
+    from vigil.deploy import rollout
+    from vigil.report import HostResult
+
+    views: list[Any] = []
+
+    def deployed(t: Any, opts: Any, log: Any) -> HostResult:
+        views.append(opts.view)
+        log(t.name, "verifying the start: phases, evidence, a real completion")
+        return HostResult(t.name, "changed", actions=["restart: env changed"], restarted=True)
+
+    monkeypatch.setattr(rollout, "deploy_host", deployed)
+    out = _Terminal() if terminal else io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    assert run_task("deploy", ctx(inv), hosts="up") == 0
+    text = out.getvalue()
+    assert "verifying the start" in text and text.splitlines()[-1].startswith("ok=0 changed=1")
+    if terminal:
+        assert views[0] is not None and views[0].live  # verify's live table, shared
+    else:
+        assert views == [None] and "\x1b" not in text  # each start's plain lines, no colour

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import xml.etree.ElementTree as ET
 from dataclasses import replace
 from pathlib import Path
@@ -172,3 +173,40 @@ def test_summary_and_history_table() -> None:
     table = verify_report.history_table([rec])
     assert "compile" in table and "53.8" in table and "cold" in table
     assert "no recorded starts" in verify_report.history_table([])
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_deploy_lines_go_above_the_live_table_on_a_terminal_and_plain_elsewhere() -> None:
+    o = outcome("lab-cold-ready.jsonl")
+    assert o.state is not None
+    last = replay.load(TRACES / "lab-cold-ready.jsonl")[1][-1]
+    tty = _Terminal()
+    with verify_report.Reporter(tty) as rep:
+        rep.log(8)("lab5", "FAILED: lab5: install_env failed")
+        rep.poll("lab5", o.state, last, Budgets())
+    shown = tty.getvalue()
+    assert rep.live and "\x1b[" in shown  # colour
+    # the line printed once, above the table (the last redraw is the table alone, with
+    # the verdict)
+    assert shown.count("install_env failed") == 1
+    final = shown.rsplit("\x1b[2K", 1)[1]
+    assert "lab5" in final and "ready" in final and "install_env" not in final
+    pipe = io.StringIO()
+    with verify_report.Reporter(pipe) as rep:
+        rep.log(8)("lab5", "FAILED: lab5: install_env failed")
+    (line,) = pipe.getvalue().splitlines()
+    assert not rep.live and "\x1b" not in line
+    assert re.fullmatch(r"\d\d:\d\d:\d\d lab5     FAILED: lab5: install_env failed", line)
+
+
+def test_a_live_view_that_watched_no_start_leaves_no_empty_table() -> None:
+    tty = _Terminal()
+    with verify_report.Reporter(tty) as rep:
+        rep.log(8)("lab5", "would restart: env changed")
+    shown = tty.getvalue()
+    assert "would restart" in shown
+    assert shown.endswith("\x1b[2K")  # the empty table erased (a watched one stays)

@@ -75,6 +75,9 @@ class Options:
     state_dir: Path = Path("state")  # traces and the history mirror
     hooks: Hooks | None = None  # drain: controller commands around a restart
     forks: int = FORKS  # hosts worked on at once
+    # the run's view of every watched start (a live table on a terminal); None: plain
+    # lines through the deploy's log
+    view: Reporter | None = field(default=None, compare=False)
 
 
 def apply_install(
@@ -163,7 +166,7 @@ def apply_plan(transport: Transport, t: Target, plan: Plan, say: Callable[[str],
 def verify_start(transport: Transport, t: Target, opts: Options, log: Log,
                  result: HostResult) -> None:
     """Watch the (re)start with the verify watcher: same budgets, history and trace."""
-    reporter = Reporter(live=False, emit=log)
+    reporter = opts.view or Reporter(live=False, emit=log)
     outcome = verify_target(t, opts.watch, opts.state_dir, transport=transport,
                             on_poll=reporter.poll, on_note=reporter.note,
                             on_predict=reporter.predicted)

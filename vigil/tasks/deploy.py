@@ -41,6 +41,7 @@ from vigil.tasks.common import (
 from vigil.transport.base import Transport
 from vigil.verify import history as history_mod
 from vigil.verify import predict
+from vigil.verify.report import Reporter
 
 
 @vigil_task(
@@ -106,16 +107,20 @@ def deploy(
             sets=set_ or [], template_dir=template_dirs(c),
         )
         out = text_stream(json)
-        log = Log(out, width=max(len(t.name) for t in targets))
-        opts = deploy_mod.Options(check=check, restart=restart, wait=not no_wait,
-                                  reinstall=reinstall, kill_stale=kill_stale,
-                                  watch=watch_settings(c), state_dir=setting(c, "state_dir"),
-                                  forks=forks,
-                                  hooks=Hooks.parse(before_stop, after_ready))
-        # one path whatever report flags are given: a plain deploy is a rollout of one
-        # batch, with the same log, summary and exit code
-        ro = rollout.run(targets, opts, log, serial=serial, max_fail=max_fail,
-                         rollback_failed=rollback_failed)
+        settings, hooks = watch_settings(c), Hooks.parse(before_stop, after_ready)
+        # a terminal gets verify's live table of the starts, the log's lines above it;
+        # elsewhere (CI, a pipe) plain timestamped lines
+        with Reporter(out) as view:
+            log = view.log(width=max(len(t.name) for t in targets))
+            opts = deploy_mod.Options(check=check, restart=restart, wait=not no_wait,
+                                      reinstall=reinstall, kill_stale=kill_stale,
+                                      watch=settings, state_dir=setting(c, "state_dir"),
+                                      forks=forks, hooks=hooks,
+                                      view=view if view.live else None)
+            # one path whatever report flags are given: a plain deploy is a rollout of
+            # one batch, with the same log, summary and exit code
+            ro = rollout.run(targets, opts, log, serial=serial, max_fail=max_fail,
+                             rollback_failed=rollback_failed)
         extra: dict[str, Any] = {}
         if check:
             ahead = predict_restarts(targets, ro.results, setting(c, "state_dir"), log)

@@ -22,13 +22,36 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from vigil.report import failed_word, safe_text, write_text, xml_document
+from vigil.report import Log, failed_word, safe_text, write_text, xml_document
 from vigil.verify import catalog, compile_cache, predict, reducer
 from vigil.verify.budgets import Budgets
 from vigil.verify.snapshot import Snapshot
 from vigil.verify.watch import Outcome
 
 HEARTBEAT_S = 60.0
+
+# Colour on a terminal only (the live view): a verdict's, and the words a deploy line
+# leads with when a host is lost or failed
+STYLE = {"ready": "green", "crashed": "bold red", "stalled": "bold red",
+         "timed_out": "bold red", "stopped": "yellow"}
+ALARM = r"\b(FAILED|UNREACHABLE|ROLLBACK FAILED|LEFT DRAINED)\b"
+
+
+class _Above:
+    """A text stream whose lines print above the live view (a deploy's Log writes one
+    whole line per call), the alarm words in red."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+
+    def write(self, text: str) -> int:
+        shown = Text(text.rstrip("\n"))
+        shown.highlight_regex(ALARM, "bold red")
+        self.console.print(shown)
+        return len(text)
+
+    def flush(self) -> None:
+        pass
 
 
 def _label(state: reducer.WatchState) -> str:
@@ -69,8 +92,16 @@ class Reporter:
             self._live.__enter__()
         return self
 
+    def log(self, width: int) -> Log:
+        """Deploy's timestamped, host-tagged lines: above the live view (entered first) on
+        a terminal, else on the stream as plain lines."""
+        if self._live is not None:
+            return Log(_Above(self._live.console), width=width)  # type: ignore[arg-type]
+        return Log(self.stream, width=width)
+
     def __exit__(self, *exc: object) -> None:
         if self._live is not None:
+            self._live.transient = not self._rows  # no start watched: no empty table left
             self._live.update(self._table())
             self._live.__exit__(None, None, None)
             self._live = None
@@ -128,9 +159,10 @@ class Reporter:
         for host in sorted(self._rows):
             phase, verdict, eta, line = self._rows[host]
             # Text, not str: a cell's str would be parsed as rich markup
-            table.add_row(*(Text(safe_text(cell)) for cell in (host, phase, verdict,
-                                                               eta.removeprefix("eta "),
-                                                               line)))
+            cells = [Text(safe_text(cell)) for cell in (host, phase, verdict,
+                                                        eta.removeprefix("eta "), line)]
+            cells[2].stylize(STYLE.get(verdict, ""))
+            table.add_row(*cells)
         return table
 
 
