@@ -755,6 +755,8 @@ TCPSTORE_RETRIES = [
     "[::ffff:172.16.8.232]:39623 (errno: 110 - Connection timed out).",
     "[E socket.cpp:793] [c10d] The client socket has timed out after 1800s while trying to "
     "connect to (127.0.0.1, 48391).",
+    "[E socket.cpp:719] [c10d] The client socket has failed to connect to any network address "
+    "of (x.x.x.x, 48247).",
     # under a vLLM worker's prefix
     "(VllmWorker rank=1 pid=812) [E616 02:08:15.931416442 socket.cpp:1023] [c10d] The client "
     "socket has timed out after 600000ms while trying to connect to (172.17.0.9, 50437).",
@@ -783,6 +785,10 @@ def test_a_tcpstore_attempt_that_timed_out_is_a_retry_not_the_end(line: str) -> 
      "(127.0.0.1, 48391).", "at 127.0.0.1:48391"),
     ("Exception: Call to collective_rpc method failed: The client socket has timed out after "
      "300000ms while trying to connect to (10.129.30.85, 29501)", "at 10.129.30.85:29501"),
+    # vllm#2427 (torch 2.1): every address failed, the exception
+    ("RuntimeError: The client socket has failed to connect to any network address of "
+     "(x.x.x.x, 48247). The client socket has failed to connect to xxx:48247 (errno: 110 - "
+     "Connecti", "at x.x.x.x:48247"),
 ])
 def test_tcpstores_give_up_and_the_exception_end_the_rendezvous(line: str, note: str) -> None:
     m = catalog.classify(line)

@@ -476,6 +476,10 @@ CAUSES: tuple[Cause, ...] = (
          # error the last try met); its retries are the store_connect wait
          r"|TCP client failed to connect/validate to host (?P<host2>\S{1,200}?):(?P<port2>\d+) "
          r"- timed out \(try="
+         # the exception when every address failed (vllm#2427, torch 2.1: errno 110); the
+         # socket's own log line of it is a retry on torch ≥ 2.5 (store_connect)
+         r"|(?:Error|Exception): The client socket has failed to connect to any network "
+         r"address of \((?P<host3>[^,()]{1,200}), ?(?P<port3>\d+)\)"
          r"|DistStoreError: [Ww]ait timeout after \d+ ?ms"
          r"|Timed out initializing process group in store based barrier"
          # V1's DP coordinator process not up within its startup timeout (vllm#37452:
@@ -965,8 +969,9 @@ WAITS: tuple[Wait, ...] = (
     # a full timeout again (trl#4538, vllm#19670's "try=1"). While nothing listens yet: "The
     # server socket on … has timed out, will retry." (vllm-metal#58), "No socket on (H, P) is
     # listening yet, will retry", torch ≤ 2.1's "[W socket.cpp:N] [c10d] The client socket has
-    # failed to connect to H:P (errno: 110 - Connection timed out)." (vllm#3771, #2427). Only
-    # TCPStore's "- timed out (try=N, …)" or the exception the process dies of ends it.
+    # failed to connect to H:P (errno: 110 - Connection timed out)." (vllm#3771, #2427) and
+    # its "… to any network address of (H, P)." (logged, then thrown). Only TCPStore's "-
+    # timed out (try=N, …)" or the exception the process dies of ends it.
     Wait("store_connect", "the process group's store on the master rank (TCPStore)",
          re.compile(r"(?:^\[[A-Z]\d{0,4}[^\]]{0,60}\] |\[c10d\] )The client socket has timed out "
                     r"after "
@@ -974,8 +979,7 @@ WAITS: tuple[Wait, ...] = (
                     r"|The server socket on \S{1,200} (?:has timed out|is not yet listening)"
                     r"[^,]{0,80}, will retry"
                     r"|No socket on \([^)]{1,200}\) is listening yet, will retry"
-                    r"|\[c10d\] The client socket has failed to connect to (?!any network "
-                    r"address)\S{1,200} \(errno"),
+                    r"|\[c10d\] The client socket has failed to connect to "),
          cause="distributed_init_timeout", reached="distributed_init", retries=True,
          source="torch c10d socket.cpp and TCPStore.cpp (TCPStore's retries: torch 2.5 →)"),
     # V0 front end (MQLLMEngineClient's output loop, 0.6 → 0.10) at DEBUG every
@@ -1211,9 +1215,9 @@ def remedy_for(cause: str, values: Mapping[str, str] | None = None) -> str:
     v["cap_note"] = f" (compute capability {v['cap']})" if v.get("cap") else ""
     v["joined_note"] = (f" ({v['joined']} of {v['world']} joined)"
                         if v.get("joined") and v.get("world") else "")
-    for alt in ("host", "port"):
-        if f"{alt}2" in v and alt not in v:
-            v[alt] = v[f"{alt}2"]
+    for alt in ("host2", "host3", "port2", "port3"):
+        if alt in v and alt[:-1] not in v:
+            v[alt[:-1]] = v[alt]
     v["store_note"] = f" at {v['host']}:{v['port']}" if v.get("host") and v.get("port") else ""
     rec = CAUSE.get(cause)
     template = rec.remedy if rec is not None else VERDICT_REMEDIES.get(
