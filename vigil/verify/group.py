@@ -29,10 +29,17 @@ from vigil.errors import VigilError
 from vigil.transport.base import Transport, privileged
 from vigil.transport.ssh import connect
 from vigil.verify import history
-from vigil.verify.budgets import BudgetKey, Budgets, phase_defaults, plan_budgets
+from vigil.verify.budgets import BudgetKey, Budgets
 from vigil.verify.reducer import PHASES, TERMINAL, WatchState, initial, step
 from vigil.verify.snapshot import Smoke, Snapshot
-from vigil.verify.watch import Poller, ProbeTarget, Settings, trace_path, with_stall
+from vigil.verify.watch import (
+    Poller,
+    ProbeTarget,
+    Settings,
+    plan_for,
+    trace_path,
+    with_stall,
+)
 
 if TYPE_CHECKING:
     from vigil.desired.config import HostVars
@@ -319,21 +326,14 @@ def verify_group(
         head = group.head.target
         key = mirror = None
         if state_dir is not None:
-            mirror = history.Mirror(state_dir / "history.sqlite")
-            cores, records = history.read_host(transports[head.name], head.vars,
+            mirror, cores = history.history_in(transports[head.name], head.vars, state_dir,
                                                warn=on_note)
-            mirror.add(records)
             # a group start is judged cold: the layout's history is its own
             key = group_key(history.budget_key(head.vars, head.profile, head.stack,
                                                head.rendered, "cold", cores),
                             group.layout.label)
-            gpus = head.gpus_needed or 1
-            plan = plan_budgets(mirror.records(), key,
-                                weights_gib_per_gpu=head.profile.weights_gib_per_gpu,
-                                gpu_count=gpus, min_samples=settings.min_samples,
-                                defaults=phase_defaults(head.vars.phase_budget_s,
-                                                        head.vars.stall_window_s))
-            budgets = with_stall(plan.budgets, settings.stall_s)
+            budgets = plan_for(head, key, mirror.records(), settings,
+                               head.gpus_needed or 1).budgets
             if on_note is not None:
                 for line in mirror.warnings:
                     on_note(line)

@@ -276,6 +276,20 @@ def read_host(transport: Transport, host: HostVars,
     return _history(transport, host, None, warn)
 
 
+def history_in(transport: Transport, host: HostVars, state_dir: Path, *,
+               warn: Callable[[str], None] | None = None,
+               note: Callable[[str], None] | None = None) -> tuple[Mirror, int | None]:
+    """The stage before a watch (a host's, or a node group's head's): the host's history
+    merged into the local mirror; the mirror and the host's CPU cores. ``warn`` gets each
+    line of the host's file that is ignored, ``note`` how many records were new."""
+    mirror = Mirror(state_dir / "history.sqlite")
+    cores, records = read_host(transport, host, warn=warn)
+    added = mirror.add(records)
+    if added and note is not None:
+        note(f"history: {added} record(s) from the host merged into the local mirror")
+    return mirror, cores
+
+
 def append_host(transport: Transport, host: HostVars, record: HistoryRecord) -> None:
     """Append one record to the host's history (one round trip, record on stdin)."""
     _history(transport, host, record)

@@ -283,6 +283,18 @@ def with_stall(b: Budgets, stall_s: float | None) -> Budgets:
                    stall_why={p: f"--stall {stall_s:g} (every phase)" for p in reducer.PHASES})
 
 
+def plan_for(t: Target, key: BudgetKey, past: list[HistoryRecord], settings: Settings,
+             gpu_count: int) -> BudgetPlan:
+    """A start's budgets from the starts before it of its key (a host's, or a node
+    group's head's with the layout in it) over the target's phase defaults, --stall on
+    top: one plan for every watch that has history."""
+    plan = plan_budgets(past, key, weights_gib_per_gpu=t.profile.weights_gib_per_gpu,
+                        gpu_count=max(gpu_count, 1), min_samples=settings.min_samples,
+                        defaults=phase_defaults(t.vars.phase_budget_s,
+                                                t.vars.stall_window_s))
+    return replace(plan, budgets=with_stall(plan.budgets, settings.stall_s))
+
+
 def stall_note(b: Budgets) -> str | None:
     """The live view's line on stall windows that are not the defaults, and why."""
     moved = [f"{p} {b.stall(p):.0f} s ({why})" for p, why in b.stall_why.items()
@@ -407,11 +419,8 @@ def _verify_on(t: Target, transport: Transport, settings: Settings, state_dir: P
                on_poll: OnHostPoll | None, clock: Clock, sleep: Sleep,
                on_predict: OnPredict | None = None) -> None:
     try:
-        mirror = history.Mirror(state_dir / "history.sqlite")
-        cores, host_records = history.read_host(transport, t.vars, warn=note)
-        added = mirror.add(host_records)
-        if added:
-            note(f"history: {added} record(s) from the host merged into the local mirror")
+        mirror, cores = history.history_in(transport, t.vars, state_dir, warn=note,
+                                           note=note)
         target = ProbeTarget.of(t, settings.max_lines)
         poller = Poller(transport, target, lambda c: privileged(c, t.vars, transport), settings)
         first = poller.probe(None)
@@ -430,13 +439,8 @@ def _verify_on(t: Target, transport: Transport, settings: Settings, state_dir: P
                                  "warm" if cold_warm == "warm" else "cold", cores)
         gpu_count = t.vars.gpu.count if t.vars.gpu is not None else 1
         past = mirror.records()
-        plan = plan_budgets(past, key,
-                            weights_gib_per_gpu=t.profile.weights_gib_per_gpu,
-                            gpu_count=max(gpu_count, 1), min_samples=settings.min_samples,
-                            defaults=phase_defaults(t.vars.phase_budget_s,
-                                                    t.vars.stall_window_s))
-        budgets = with_stall(plan.budgets, settings.stall_s)
-        plan = replace(plan, budgets=budgets)
+        plan = plan_for(t, key, past, settings, gpu_count)
+        budgets = plan.budgets
         out.plan, out.key = plan, key
         for line in mirror.warnings:  # rows an older vigil merged, each ignored
             note(line)
