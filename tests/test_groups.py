@@ -16,9 +16,10 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -769,3 +770,32 @@ def test_every_engine_module_is_found_and_an_unknown_backend_names_them() -> Non
     with pytest.raises(ConfigError, match=r"backend 'mpi' is not an engine vigil knows") as err:
         engines.engine("mpi", "g.yml")
     assert err.value.fix == "use one of: native, ray"
+
+
+@pytest.mark.parametrize(("given", "pause"), [(None, 7.0), (2.0, 2.0)])
+def test_a_groups_watch_polls_by_the_one_rule_of_every_watch(
+        monkeypatch: pytest.MonkeyPatch, given: float | None, pause: float) -> None:
+    """--poll for every host, else the head's own poll_s, as a host's watch."""
+    from contextlib import contextmanager
+
+    from vigil.verify import group as group_mod
+    from vigil.verify.watch import Settings
+
+    g = resolve_group(inventory.load(GOLDEN / "inventory"), "glm-native", operator_env=ENV,
+                      sets=("poll_s=7",))
+    seen: dict[str, float] = {}
+
+    @contextmanager
+    def connect(name: str, hv: Any, *a: Any, **kw: Any) -> Iterator[Any]:
+        yield type("T", (), {"name": name, "round_trips": 0})()
+
+    def watch_group(*a: Any, poll_s: float, **kw: Any) -> Any:
+        seen["poll_s"] = poll_s
+        final = type("G", (), {"verdict": None})()
+        return type("W", (), {"history": [final], "nodes": {
+            n.name: type("N", (), {"state": None})() for n in g.nodes}})()
+
+    monkeypatch.setattr(group_mod, "connect", connect)
+    monkeypatch.setattr(group_mod, "watch_group", watch_group)
+    group_mod.verify_group(g, Settings(poll_s=given))
+    assert g.head.target.vars.poll_s == 7.0 and seen["poll_s"] == pause
