@@ -678,7 +678,7 @@ def phases_page() -> str:
     lines = [
         BANNER, "# Phases", "",
         "The phases of a vLLM start, in order, as verify watches them (`Phase` records in "
-        "vigil/verify/catalog.py). With no history a phase has its default budget and stall "
+        "vigil/verify/catalog/phases.py). With no history a phase has its default budget and stall "
         "window: the verify role's `phase_budget_s` and `stall_window_s` "
         "(vigil/roles/verify/defaults.yml, overridable per group, host or `--set`) replace "
         "the catalog's by phase name. A phase past its budget that keeps progressing is "
@@ -729,7 +729,7 @@ def waits_section() -> list[str]:
     lines = [
         "## Waits", "",
         "A wait is vLLM, Ray or torch.distributed waiting for what only the cluster or "
-        "another process can give (`Wait` records, `WAITS` in vigil/verify/catalog.py). Its "
+        "another process can give (`Wait` records, `WAITS` in vigil/verify/catalog/waits.py). Its "
         "line repeats while nothing moves: it proves the process alive, never progress. A "
         "start that waits past its phase's stall window is **stalled** with the wait's cause "
         "(proof: \"waiting M:SS for …\"); stopped while it waits, **stopped** with that cause; "
@@ -787,7 +787,7 @@ def causes_page() -> str:
     lines += [f"- `{v}`: {text(r)}" for v, r in catalog.VERDICT_REMEDIES.items()]
     lines += [
         "", "## Causes", "",
-        "A crash is named by its cause: one `Cause` record each in vigil/verify/catalog.py, "
+        "A crash is named by its cause: one `Cause` record each in vigil/verify/catalog/causes.py, "
         "with every wording seen (vLLM rewords its fatal messages across releases; V0 and "
         "V1 word them differently) and the vLLM versions they were seen in. The remedy's "
         "`{names}` are filled from the line that proves the crash. The cause is the root, "

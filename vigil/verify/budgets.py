@@ -25,7 +25,7 @@ WATCHED_PHASES: tuple[str, ...] = PHASES[:-1]  # `ready` has no budget
 
 CacheState = Literal["cold", "warm"]
 
-# Defaults come from the Phase records (catalog.py): one record per phase.
+# Defaults come from the Phase records (catalog/phases.py): one record per phase.
 # Quiet windows: how long a phase may show no progress evidence before it is stalled.
 DEFAULT_STALL_S: Mapping[str, float] = {p.name: p.stall_s for p in PHASE_RECORDS}
 # Budgets with no history and no size information: generous, like a fixed probe.

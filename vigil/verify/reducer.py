@@ -20,7 +20,7 @@ What counts as progress (resets the phase's stall clock), per phase:
   alive, never progress by itself.
 
 Which signals count in which phase, each phase's stall window and hint: the `Phase`
-records in catalog.py.
+records in the catalog (vigil/verify/catalog/).
 
 Stalled needs a live process tree observed (state R/S/D/T, not all zombies): a plain
 log without process data can never prove a stall. After a phase's end marker and
