@@ -9,6 +9,7 @@ import calendar
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -542,8 +543,11 @@ def test_deploy_watches_with_the_live_view_on_a_terminal_and_plain_lines_elsewhe
     monkeypatch.setattr(sys, "stdout", out)
     assert run_task("deploy", ctx(inv), hosts="up") == 0
     text = out.getvalue()
-    assert "verifying the start" in text and text.splitlines()[-1].startswith("ok=0 changed=1")
+    plain = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+    assert "verifying the start" in plain
+    assert plain.splitlines()[-1] == "ok=0 changed=1 unreachable=0 failed=0"
     if terminal:
         assert views[0] is not None and views[0].live  # verify's live table, shared
+        assert "\x1b[33mchanged" in text  # the summary in colour
     else:
         assert views == [None] and "\x1b" not in text  # each start's plain lines, no colour

@@ -168,7 +168,7 @@ def verify_start(transport: Transport, t: Target, opts: Options, log: Log,
     """Watch the (re)start with the verify watcher: same budgets, history and trace."""
     reporter = opts.view or Reporter(live=False, emit=log)
     outcome = verify_target(t, opts.watch, opts.state_dir, transport=transport,
-                            on_poll=reporter.poll, on_note=reporter.note,
+                            on_poll=reporter.poll, on_note=log,  # a deploy line (above a live view)
                             on_predict=reporter.predicted)
     result.verify = outcome_json(outcome)
     result.verdict = outcome.verdict

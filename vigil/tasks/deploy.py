@@ -128,7 +128,7 @@ def deploy(
                 whole = predict.rollout([b.hosts for b in ro.batches], ahead)
                 log("rollout", whole.line())
                 extra["prediction"] = whole.to_json()
-        echo(rollout.summary(ro), file=out)
+        view.show(rollout.summary(ro))
         pipeline.report("deploy", pipeline.deploy_rows([*ro.results, *ro.rolled_back]),
                         stream=out)
         emit_json(c, json, {**rollout.rollout_json(ro), **extra})

@@ -22,7 +22,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from vigil.report import Log, failed_word, safe_text, write_text, xml_document
+from vigil.report import Log, echo, failed_word, safe_text, write_text, xml_document
 from vigil.verify import catalog, compile_cache, predict, reducer
 from vigil.verify.budgets import Budgets
 from vigil.verify.snapshot import Snapshot
@@ -47,7 +47,7 @@ class _Above:
     def write(self, text: str) -> int:
         shown = Text(text.rstrip("\n"))
         shown.highlight_regex(ALARM, "bold red")
-        self.console.print(shown)
+        self.console.print(shown, soft_wrap=True)
         return len(text)
 
     def flush(self) -> None:
@@ -81,12 +81,14 @@ class Reporter:
         self._rows: dict[str, tuple[str, str, str, str]] = {}
         self._predictions: dict[str, predict.Prediction] = {}
         self._live: Live | None = None
+        self._console: Console | None = None  # a terminal's, kept past the live view
 
     # -- lifecycle --
     def __enter__(self) -> Reporter:
         if self.live:
             # host text is never markup ([/INST], [link=...]) nor emoji codes
             console = Console(file=self.stream, markup=False, emoji=False, highlight=False)
+            self._console = console
             self._live = Live(self._table(), console=console, refresh_per_second=4,
                               transient=False)
             self._live.__enter__()
@@ -98,6 +100,18 @@ class Reporter:
         if self._live is not None:
             return Log(_Above(self._live.console), width=width)  # type: ignore[arg-type]
         return Log(self.stream, width=width)
+
+    def show(self, text: str) -> None:
+        """A task's closing text (deploy's summary): on a terminal its results in colour
+        (failed and unreachable red, changed yellow, ok green), else as echo prints."""
+        if self._console is None:
+            echo(text, file=self.stream)
+            return
+        shown = Text(safe_text(text))
+        shown.highlight_regex(ALARM + r"|\bfailed\b", "bold red")
+        shown.highlight_regex(r"\bchanged\b", "yellow")
+        shown.highlight_regex(r"\b(ok|ready|rolled_back)\b", "green")
+        self._console.print(shown, soft_wrap=True)  # a table's lines are never re-wrapped
 
     def __exit__(self, *exc: object) -> None:
         if self._live is not None:
