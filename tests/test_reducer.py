@@ -10,6 +10,7 @@ import pytest
 from tests import synth
 from vigil.verify import catalog, reducer
 from vigil.verify.budgets import Budgets
+from vigil.verify.reducer import evidence as reducer_evidence
 from vigil.verify.replay import load
 from vigil.verify.snapshot import (
     Gpus,
@@ -514,9 +515,10 @@ def test_gpu_memory_from_two_sources_is_never_compared() -> None:
     nvml = base.model_copy(update={"gpus": Gpus.model_validate(real["nvml"])})
     smi = base.model_copy(update={"gpus": Gpus.model_validate(real["smi"]), "time": 5.0})
     again = smi.model_copy(update={"time": 10.0})
-    assert reducer._gpu_delta(reducer._baseline(nvml), reducer._baseline(smi)) is None
-    assert reducer._gpu_delta(reducer._baseline(smi), reducer._baseline(again)) == 0.0
-    assert reducer._gpu_delta(reducer._baseline(nvml), reducer._baseline(nvml)) == 0.0
+    delta, base_of = reducer_evidence._gpu_delta, reducer_evidence._baseline
+    assert delta(base_of(nvml), base_of(smi)) is None
+    assert delta(base_of(smi), base_of(again)) == 0.0
+    assert delta(base_of(nvml), base_of(nvml)) == 0.0
 
 
 # -- a wrapper's root yields to the root it wraps (issue 24.3) -------------------------

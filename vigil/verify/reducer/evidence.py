@@ -1,0 +1,108 @@
+"""Progress evidence between two snapshots: CPU time, GPU memory, RSS, checkpoint
+shards, the compile cache; and which of it counts in a phase.
+"""
+
+from __future__ import annotations
+
+from vigil.verify import catalog
+from vigil.verify.reducer.state import CPU_BUSY, MOVE_MIB, RSS_MOVE, Baseline, Evidence
+from vigil.verify.snapshot import Snapshot
+
+
+def _baseline(snap: Snapshot) -> Baseline:
+    procs = snap.processes
+    cpu: dict[int, float] | None = None
+    alive: bool | None = None
+    rss: int | None = None
+    if procs is not None and procs.error is None:
+        cpu = {p.pid: p.cpu_s for p in procs.items}
+        alive = any(p.state not in ("Z", "X", "x") for p in procs.items)
+        rss = procs.rss_bytes
+    gpus = snap.gpus
+    gpu = None
+    if gpus is not None and gpus.error is None and gpus.devices:
+        gpu = {g.index: g.memory_used_mib for g in gpus.devices}
+    cache = snap.cache
+    readable = cache is not None and cache.readable
+    return Baseline(
+        time=snap.time,
+        cpu_by_pid=cpu,
+        alive=alive,
+        rss_bytes=rss,
+        gpu_mib=gpu,
+        gpu_source=gpus.source if gpus is not None else "",
+        cache_bytes=cache.bytes if cache is not None and readable else None,
+        cache_files=cache.files if cache is not None and readable else None,
+        cache_newest=cache.newest_mtime if cache is not None and readable else None,
+    )
+
+
+def _cpu_delta(a: Baseline, b: Baseline) -> float | None:
+    if a.cpu_by_pid is None or b.cpu_by_pid is None:
+        return None
+    # Processes that appeared since count with all their CPU; the ones that left count 0.
+    return sum(max(cpu - a.cpu_by_pid.get(pid, 0.0), 0.0) for pid, cpu in b.cpu_by_pid.items())
+
+
+def _gpu_delta(a: Baseline, b: Baseline) -> float | None:
+    if a.gpu_mib is None or b.gpu_mib is None or a.gpu_source != b.gpu_source:
+        return None
+    keys = set(a.gpu_mib) | set(b.gpu_mib)
+    return sum(abs(b.gpu_mib.get(k, 0.0) - a.gpu_mib.get(k, 0.0)) for k in keys)
+
+
+def _diff(a: Baseline, b: Baseline) -> Evidence:
+    wall = max(b.time - a.time, 0.0)
+    cpu = _cpu_delta(a, b)
+    newer = (
+        b.cache_newest is not None
+        and (a.cache_newest is None or b.cache_newest > a.cache_newest)
+    )
+    return Evidence(
+        wall_s=wall,
+        cpu_ratio=(cpu / wall) if cpu is not None and wall > 0 else None,
+        gpu_delta_mib=_gpu_delta(a, b),
+        cache_delta_files=(
+            b.cache_files - a.cache_files
+            if a.cache_files is not None and b.cache_files is not None else None
+        ),
+        cache_delta_bytes=(
+            b.cache_bytes - a.cache_bytes
+            if a.cache_bytes is not None and b.cache_bytes is not None else None
+        ),
+        cache_newer=newer,
+        rss_delta_bytes=(
+            b.rss_bytes - a.rss_bytes
+            if a.rss_bytes is not None and b.rss_bytes is not None else None
+        ),
+    )
+
+
+def _progress(phase: str, ev: Evidence, base: Baseline) -> tuple[str, ...]:
+    seen: list[str] = []
+    if ev.new_lines:
+        seen.append("log")
+    if ev.shard_moved:
+        seen.append("shards")
+    if ev.gpu_delta_mib is not None and ev.gpu_delta_mib >= MOVE_MIB:
+        seen.append("gpu memory")
+    cache_grew = bool(
+        (ev.cache_delta_files or 0) > 0 or (ev.cache_delta_bytes or 0) > 0 or ev.cache_newer
+    )
+    if cache_grew:
+        seen.append("compile cache")
+    if ev.rss_delta_bytes is not None and abs(ev.rss_delta_bytes) >= RSS_MOVE:
+        seen.append("rss")
+    rec = catalog.PHASE[phase]
+    busy = ev.cpu_ratio is not None and ev.cpu_ratio >= CPU_BUSY
+    if busy:
+        # CPU counts where it is the work, or where none of the phase's own signals can
+        # be observed (no GPUs, no readable cache): then it is the best evidence left.
+        observable = {"gpu memory": base.gpu_mib is not None,
+                      "rss": base.rss_bytes is not None,
+                      "compile cache": base.cache_files is not None}
+        own_missing = bool(rec.own_signals) and not any(
+            observable.get(sig, True) for sig in rec.own_signals)
+        if "cpu" in rec.progress or own_missing:
+            seen.append("cpu")
+    return tuple(sig for sig in seen if sig in rec.progress or sig == "cpu")
