@@ -45,6 +45,11 @@ def test_pips_log_gives_its_counts_and_stages_in_order() -> None:
 
 
 def test_uvs_log_gives_its_counts_and_stages_in_order() -> None:
+    # a big package is told twice (Downloading, then Downloaded): fetched once
+    mid = progress.InstallProgress()
+    for line in (LOGS / "uv-numpy-six-idna.log").read_text().splitlines()[:4]:
+        mid.feed(line)
+    assert (mid.stage, mid.fetched, mid.total) == ("downloading", 1, 3)
     p, stages = _fed("uv-numpy-six-idna.log")
     assert stages == ["starting", "downloading", "installing", "installed"]
     assert (p.total, p.fetched, p.installed) == (3, 3, 3)

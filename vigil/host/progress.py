@@ -32,7 +32,9 @@ _SIZE = re.compile(r"\((\d+(?:\.\d+)?)\s*(Ki|Mi|Gi|k|M|G)?B\)")
 _UNIT = {None: 1, "k": 1e3, "M": 1e6, "G": 1e9, "Ki": 1024.0, "Mi": 1024.0 ** 2,
          "Gi": 1024.0 ** 3}
 _UV_COUNT = re.compile(r"^(Resolved|Prepared|Installed) (\d+) packages? in ")
-_PIP_GOT = re.compile(r"^\s*(?:Downloading|Using cached|Processing) (\S+)")
+# pip indents its Downloading / Using cached under their Collecting line; uv's own
+# "Downloading NAME (SIZE)" starts the line and is counted once, at " Downloaded NAME"
+_PIP_GOT = re.compile(r"^(?:\s+(?:Downloading|Using cached)|Processing) (\S+)")
 _UV_DOWNLOADING = re.compile(r"^Downloading (\S+)")
 _UV_DOWNLOADED = re.compile(r"^ Downloaded (\S+)")
 
@@ -77,16 +79,17 @@ class InstallProgress:
             self.fetched += 1
             self.current = done.group(1)
             return
-        got = _PIP_GOT.match(line) or _UV_DOWNLOADING.match(line)
+        pip = _PIP_GOT.match(line)
+        got = pip or _UV_DOWNLOADING.match(line)
         if got:
             size = _SIZE.search(line)
             if size:
                 self.bytes += float(size.group(1)) * _UNIT[size.group(2)]
-            if _PIP_GOT.match(line):
+            if pip:
                 self.fetched += 1
             elif self.stage == "starting":
                 self.stage = "downloading"
-            if not self.current or _PIP_GOT.match(line):
+            if pip or not self.current:
                 self.current = got.group(1).rsplit("/", 1)[-1]
 
     def summary(self) -> Json:
