@@ -144,7 +144,7 @@ def _check_members(inv: Inventory, spec: NodeGroupSpec, file: str) -> None:
 # -- the layout ---------------------------------------------------------------------
 
 
-def check_layout(spec: NodeGroupSpec, file: str, nodes: list[Target]) -> Layout:
+def check_layout(spec: NodeGroupSpec, file: str, nodes: list[Target], eng: Engine) -> Layout:
     """vLLM's own rules for a layout across nodes, and each node's GPUs for its share."""
     head = nodes[0]
     p = head.profile
@@ -169,7 +169,7 @@ def check_layout(spec: NodeGroupSpec, file: str, nodes: list[Target]) -> Layout:
             f"tensor_parallel_size {layout.tp} does not divide the model's "
             f"{p.num_attention_heads} attention heads", file=f"profile {p.name}",
             key="tensor_parallel_size")
-    engine(spec.backend, file).check_platform(spec, file, p.device)
+    eng.check_platform(spec, file, p.device)
     if p.device == "cpu":
         return layout
     for t in nodes:
@@ -209,7 +209,7 @@ def _same_everywhere(spec: NodeGroupSpec, file: str, nodes: list[Target]) -> Non
                 fix="one service name for the group")
 
 
-def _master(spec: NodeGroupSpec, file: str, nodes: list[Target]) -> str:
+def _master(spec: NodeGroupSpec, file: str, nodes: list[Target], eng: Engine) -> str:
     head = nodes[0]
     addr = spec.master_addr or head.vars.address
     spread = len({t.vars.address for t in nodes}) > 1
@@ -219,7 +219,7 @@ def _master(spec: NodeGroupSpec, file: str, nodes: list[Target]) -> str:
             "the workers on other addresses cannot reach it", file=file, key="master_addr",
             fix=f"set master_addr to an address of {head.name} the workers reach")
     taken: dict[int, str] = {}
-    for key, port in engine(spec.backend, file).reserved(spec):
+    for key, port in eng.reserved(spec):
         if port == head.vars.port:
             raise ConfigError(f"{key} {port} is the head's HTTP port", file=file, key=key,
                               fix="pick another port")
@@ -241,12 +241,12 @@ def serve_prefix(t: Target) -> list[str]:
     return [f"{t.rendered.paths.current}/bin/vllm", "serve"]
 
 
-def node_argv(group: NodeGroupSpec, layout: Layout, master_addr: str, t: Target,
+def node_argv(group: NodeGroupSpec, eng: Engine, layout: Layout, master_addr: str, t: Target,
               rank: int) -> list[str]:
     """One node's vLLM argv: the single-host flags after `serve`, then the engine's."""
     single = vllm_argv(t.rendered.paths.python, t.vars, t.profile)
     args = serve_prefix(t) + single[3:]  # drop python -m api_server
-    return engine(group.backend, group.name).argv(group, layout, master_addr, rank, args)
+    return eng.argv(group, layout, master_addr, rank, args)
 
 
 def resolve_group(
@@ -272,9 +272,9 @@ def resolve_group(
                        operator_env=operator_env, template_dir=template_dir,
                        require_secrets=require_secrets, fits=False)[0] for host in members]
     _same_everywhere(spec, file, singles)
-    layout = check_layout(spec, file, singles)
+    layout = check_layout(spec, file, singles, eng)
     eng.check_stack(spec, file, singles[0])
-    addr = _master(spec, file, singles)
+    addr = _master(spec, file, singles, eng)
     env = os.environ if operator_env is None else operator_env
     nodes = []
     for rank, t in enumerate(singles):
@@ -286,7 +286,7 @@ def resolve_group(
         if serves:
             rendered = render(t.name, t.vars, t.profile, t.stack, env, template_dir,
                               require_secrets=require_secrets,
-                              argv=node_argv(spec, layout, addr, t, rank), node_note=note)
+                              argv=node_argv(spec, eng, layout, addr, t, rank), node_note=note)
         side = eng.side_unit(spec, addr, t, rank, note, template_dir)
         share = layout.per_node if t.profile.device == "cuda" else None
         nodes.append(Node(t.name, rank, replace(t, rendered=rendered, gpus_needed=share),
