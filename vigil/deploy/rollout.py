@@ -272,10 +272,11 @@ def roll(targets: Sequence[Target], batches: list[list[str]], budget: Budget,
             batch.results = list(pool.map(lambda n: deploy_one(by_name[n]), names))
         batch.seconds = round(time.monotonic() - t0, 2)
         failed = batch.failed
-        if over_budget(len(failed), len(names), budget) and check:
+        over = over_budget(len(failed), len(names), budget)
+        if over and check:
             say(f"batch {i}: {len(failed)} would fail ({', '.join(failed)}), budget "
                 f"{budget} allows {batch.allowed_failures}: a real run would stop here")
-        elif over_budget(len(failed), len(names), budget) and batched:
+        elif over and batched:
             batch.stopped = True
             out.untouched = [n for later in batches[i:] for n in later]
             say(f"batch {i}: {len(failed)} failed ({', '.join(failed)}), "
