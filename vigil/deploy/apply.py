@@ -34,6 +34,7 @@ from vigil.transport.base import Transport
 from vigil.transport.lock import host_lock, lock_owner
 from vigil.transport.remote import call
 from vigil.transport.ssh import connect
+from vigil.verify.reducer import Verdict
 from vigil.verify.report import Reporter, outcome_json
 from vigil.verify.watch import Settings as WatchSettings
 from vigil.verify.watch import verify_target
@@ -177,7 +178,7 @@ def verify_start(transport: Transport, t: Target, opts: Options, log: Log,
     st = outcome.state
     assert st is not None
     result.main_pid = st.main_pid
-    if st.verdict != "ready":
+    if st.verdict != Verdict.READY:
         raise ServeError(t.name, f"verify: {st.verdict} ({st.cause}): {st.proof}",
                          fix=st.remedy or f"see `invoke logs --hosts {t.name}`")
     if outcome.smoke is not None:

@@ -24,6 +24,7 @@ from vigil.transport.lock import deploy_lock
 from vigil.transport.remote import call
 from vigil.transport.ssh import connect
 from vigil.verify import systemd, watch
+from vigil.verify.reducer import Verdict
 from vigil.verify.report import Reporter
 
 T = TypeVar("T")
@@ -185,7 +186,7 @@ def ready_pid(name: str, out: watch.Outcome) -> int | None:
         raise VigilError(out.error)
     st = out.state
     assert st is not None
-    if st.verdict != "ready":
+    if st.verdict != Verdict.READY:
         raise HostError(name, f"after rollback: {st.verdict} ({st.cause}): {st.proof}",
                         fix=st.remedy)
     return st.main_pid

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from vigil.report import HostResult, failed_word, result_word, safe_text
+from vigil.verify.reducer import Verdict
 from vigil.verify.watch import Outcome
 
 
@@ -46,7 +47,7 @@ def verify_rows(outcomes: Iterable[Outcome]) -> list[Row]:
             continue
         detail = " - ".join(str(x) for x in (st.cause, st.proof or st.remedy) if x)
         rows.append(Row(o.host, str(st.verdict), detail or str(st.phase or ""),
-                        st.verdict != "ready"))
+                        st.verdict != Verdict.READY))
     return rows
 
 

@@ -206,7 +206,7 @@ def summary_line(report: dict[str, Any]) -> str | None:
         return None
     runs: list[list[Any]] = []  # [outcome, first start, count]
     for a in earlier:
-        if a["verdict"] == "ready":
+        if a["verdict"] == reducer.Verdict.READY:
             outcome = "ready" + (", then stopped" if a.get("stopped_at") else "")
         else:
             outcome = a["verdict"] + (f" ({a['cause']})" if a.get("cause") else "") \

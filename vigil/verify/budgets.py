@@ -20,6 +20,7 @@ from typing import Literal
 
 from vigil.errors import ConfigError
 from vigil.verify.catalog import PHASE, PHASE_RECORDS, PHASES
+from vigil.verify.reducer.state import Verdict
 
 WATCHED_PHASES: tuple[str, ...] = PHASES[:-1]  # `ready` has no budget
 
@@ -142,7 +143,7 @@ def select_samples(
     Only starts that became ready teach a duration; a crash's phases are cut short.
     Returns ("prior", []) when no level has `min_samples`.
     """
-    good = [r for r in records if r.verdict in ("ready", "slow")]
+    good = [r for r in records if r.verdict in (Verdict.READY, Verdict.SLOW)]
     for name, fields in LEVELS:
         picked = [r for r in good if _matches(r, key, fields)]
         if len(picked) >= min_samples:

@@ -30,7 +30,7 @@ from vigil.transport.base import Transport, privileged
 from vigil.transport.ssh import connect
 from vigil.verify import history
 from vigil.verify.budgets import BudgetKey, Budgets
-from vigil.verify.reducer import PHASES, TERMINAL, WatchState, initial, step
+from vigil.verify.reducer import PHASES, TERMINAL, Verdict, WatchState, initial, step
 from vigil.verify.snapshot import Smoke, Snapshot
 from vigil.verify.watch import (
     Poller,
@@ -61,7 +61,7 @@ class NodeView:
 @dataclass(frozen=True)
 class GroupState:
     phase: str
-    verdict: str | None
+    verdict: Verdict | None
     node: str | None  # the node the verdict is about (crash, stall, stop)
     cause: str | None
     proof: str | None
@@ -93,7 +93,7 @@ PEER_GRACE_S = 15.0
 def _peer_lost(st: WatchState) -> bool:
     live = [f for f in st.fatal if not f.after_stop]
     return any(PEER_LOST.search(f.proof) for f in live) or (
-        st.verdict == "crashed" and st.proof is not None and bool(PEER_LOST.search(st.proof)))
+        st.verdict == Verdict.CRASHED and st.proof is not None and bool(PEER_LOST.search(st.proof)))
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,7 @@ def has_joined(v: NodeView) -> bool:
     """Past distributed_init: its ranks are in the process groups."""
     if not v.started:
         return False
-    return v.state.verdict == "ready" or _rank(v.state.phase) > _rank(JOIN_PHASE)
+    return v.state.verdict == Verdict.READY or _rank(v.state.phase) > _rank(JOIN_PHASE)
 
 
 def group_state(nodes: Sequence[NodeView], ray: RayJoin | None = None) -> GroupState:
@@ -139,18 +139,18 @@ def _group_state(nodes: Sequence[NodeView], ray: RayJoin | None) -> GroupState:
     joined = tuple(v.name for v in ordered if has_joined(v))
     missing = tuple(v.name for v in ordered if not has_joined(v))
 
-    def done(verdict: str, node: NodeView | None, cause: str | None, proof: str | None,
+    def done(verdict: Verdict, node: NodeView | None, cause: str | None, proof: str | None,
              remedy: str | None, summary: str, at_phase: str | None = None) -> GroupState:
         return GroupState(at_phase or phase, verdict, node.name if node else None, cause,
                           proof, remedy, joined, missing, phases, summary)
 
-    crashed = [v for v in ordered if v.started and v.state.verdict == "crashed"]
+    crashed = [v for v in ordered if v.started and v.state.verdict == Verdict.CRASHED]
     if crashed:
         # The origin is the node that failed on its own. A killed peer reaches the others
         # as their own errors ("Connection closed by peer"), often logged and judged
         # before the origin's own lines (its main process waits for its ranks first).
         failing = [v for v in ordered if v.started and (
-            v.state.verdict == "crashed" or any(not f.after_stop for f in v.state.fatal))]
+            v.state.verdict == Verdict.CRASHED or any(not f.after_stop for f in v.state.fatal))]
         own = [v for v in failing if not _peer_lost(v.state)]
         if not own:
             seen = max((v.state.now or 0.0) for v in ordered if v.started)
@@ -162,28 +162,28 @@ def _group_state(nodes: Sequence[NodeView], ray: RayJoin | None) -> GroupState:
                     f"origin's own failure ({', '.join(quiet)})")
         first = min(own or failing, key=lambda v: (_failed_at(v.state), v.rank))
         st = first.state
-        if st.verdict == "crashed":
+        if st.verdict == Verdict.CRASHED:
             cause, proof, remedy = st.cause, st.proof, st.remedy
         else:
             f = min((f for f in st.fatal if not f.after_stop), key=lambda f: f.at)
             cause, proof, remedy = f.cause, f.proof, f.remedy
         after = [v.name for v in crashed if v is not first]
         also = f"; then {', '.join(after)}" if after else ""
-        return done("crashed", first, cause, f"{first.name}: {proof}", remedy,
+        return done(Verdict.CRASHED, first, cause, f"{first.name}: {proof}", remedy,
                     f"crashed on node {first.name} ({cause}) in {st.phase}{also}",
                     at_phase=st.phase)
-    stopped = [v for v in ordered if v.started and v.state.verdict == "stopped"]
+    stopped = [v for v in ordered if v.started and v.state.verdict == Verdict.STOPPED]
     if stopped:
         v = stopped[0]
-        return done("stopped", v, None, f"{v.name}: {v.state.proof}", None,
+        return done(Verdict.STOPPED, v, None, f"{v.name}: {v.state.proof}", None,
                     f"node {v.name} was stopped", at_phase=v.state.phase)
     workers_up = all(has_joined(v) for v in ordered[1:]) and (ray is None or ray.complete)
-    if head.state.verdict == "ready" and workers_up:
-        return done("ready", None, None, head.state.proof, None,
+    if head.state.verdict == Verdict.READY and workers_up:
+        return done(Verdict.READY, None, None, head.state.proof, None,
                     f"ready: {len(ordered)} nodes joined, served through {head.name}",
                     at_phase="ready")
     ended = [v for v in ordered
-             if v.started and v.state.verdict in ("stalled", "timed_out")
+             if v.started and v.state.verdict in (Verdict.STALLED, Verdict.TIMED_OUT)
              and not (v.rank > 0 and has_joined(v))]  # a joined worker may sit idle
     if ended:
         v = min(ended, key=lambda x: (x.state.now or 0.0, x.rank))
@@ -193,7 +193,7 @@ def _group_state(nodes: Sequence[NodeView], ray: RayJoin | None) -> GroupState:
             never = [m for m in absent if not next(x for x in ordered if x.name == m).started]
             why = f" ({', '.join(never)}: unit not running)" if never else ""
             return done(
-                "stalled", next(x for x in ordered if x.name == absent[0]),
+                Verdict.STALLED, next(x for x in ordered if x.name == absent[0]),
                 f"stalled_{JOIN_PHASE}",
                 f"{v.name} waited in {JOIN_PHASE}; not joined: {', '.join(absent)}{why}",
                 f"start or fix the missing node(s): invoke logs --hosts {absent[0]}; "
@@ -201,7 +201,7 @@ def _group_state(nodes: Sequence[NodeView], ray: RayJoin | None) -> GroupState:
                 f"stalled in {JOIN_PHASE}: missing {', '.join(absent)}",
                 at_phase=JOIN_PHASE)
         st = v.state
-        return done(st.verdict or "stalled", v, st.cause, f"{v.name}: {st.proof}", st.remedy,
+        return done(st.verdict or Verdict.STALLED, v, st.cause, f"{v.name}: {st.proof}", st.remedy,
                     f"{st.verdict} on node {v.name} in {st.phase}", at_phase=st.phase)
     never = [v.name for v in ordered if not v.started]
     if phase == JOIN_PHASE or (missing and _rank(head.state.phase) >= _rank(JOIN_PHASE)):

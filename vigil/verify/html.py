@@ -19,6 +19,7 @@ from pathlib import Path
 from vigil.report import safe_text, write_text
 from vigil.verify import catalog, compile_cache, reducer
 from vigil.verify.budgets import Budgets, HistoryRecord
+from vigil.verify.reducer import Verdict
 from vigil.verify.snapshot import Smoke, Snapshot
 from vigil.verify.watch import Outcome
 
@@ -29,8 +30,9 @@ CHART_H = 90
 # One colour per phase, in PHASES order (ready last).
 PALETTE = ("#8da0cb", "#66c2a5", "#fc8d62", "#e78ac3", "#a6d854", "#ffd92f", "#e5c494",
            "#b3b3b3", "#1b9e77", "#d95f02")
-VERDICT_COLOUR = {"ready": "#1a7f37", "slow": "#9a6700", "stalled": "#cf222e",
-                  "crashed": "#cf222e", "timed_out": "#cf222e", "stopped": "#57606a"}
+VERDICT_COLOUR: dict[str, str] = {Verdict.READY: "#1a7f37", Verdict.SLOW: "#9a6700",
+                  Verdict.STALLED: "#cf222e", Verdict.CRASHED: "#cf222e",
+                  Verdict.TIMED_OUT: "#cf222e", Verdict.STOPPED: "#57606a"}
 
 CSS = """
 body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#1f2328;background:#fff}
@@ -315,7 +317,7 @@ def _scatter(phase: str, records: Sequence[HistoryRecord]) -> str:
         x = LABEL_W + WIDTH * i / n
         y = CHART_H - CHART_H * r.phases_s[phase] / top + 6
         colour = "#0969da" if r.key.cache == "cold" else "#d97706"
-        fill = colour if r.verdict in ("ready", "slow") else "none"
+        fill = colour if r.verdict in (Verdict.READY, Verdict.SLOW) else "none"
         when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(r.started_at))
         tip = f"<title>{_e(when)} {_e(r.host)} {r.key.cache} {_e(r.verdict)}: " \
               f"{r.phases_s[phase]:.1f} s</title>"

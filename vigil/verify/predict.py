@@ -28,6 +28,7 @@ from vigil.verify import compile_cache
 from vigil.verify.budgets import WATCHED_PHASES, CacheState, HistoryRecord
 from vigil.verify.history import hardware as hardware_of
 from vigil.verify.history import stack_versions
+from vigil.verify.reducer import Verdict
 
 if TYPE_CHECKING:
     from vigil.desired.targets import Target
@@ -36,7 +37,7 @@ Basis = Literal["host", "fleet", "none"]
 
 MIN_OWN = 3  # a host's own starts needed before they outweigh the fleet's
 RECENT = 20  # only the latest starts: a fleet's disks, drivers and stacks change
-GOOD = ("ready", "slow")  # only a start that became ready tells how long one takes
+GOOD = (Verdict.READY, Verdict.SLOW)  # only a start that became ready tells how long one takes
 SHOWN = 3  # changed factors named in a line; the rest counted
 
 

@@ -30,6 +30,7 @@ from vigil.exitcodes import VERDICT_EXIT, ExitCode
 from vigil.verify import reducer
 from vigil.verify.attempts import run as run_attempts
 from vigil.verify.budgets import Budgets
+from vigil.verify.reducer import Verdict
 from vigil.verify.snapshot import Journal, LogLine, Snapshot
 
 _MONTHS = {m: i for i, m in enumerate(
@@ -426,7 +427,7 @@ def replay_run(
     out["ignored"] = ignored(snapshots)
     # the exit code verify would end with (a verdict not final yet, or none: 0)
     out["exit_code"] = int(VERDICT_EXIT.get(state.verdict or "", ExitCode.OK))
-    if log_only and state.verdict == "ready":
+    if log_only and state.verdict == Verdict.READY:
         out["note"] = ("replayed from a plain log: ready means serving evidence (requests "
                        "answered, throughput lines, `Application startup complete.`) with "
                        "no fatal error after it; /health and a real completion were not "

@@ -25,6 +25,7 @@ from rich.text import Text
 from vigil.report import Log, echo, failed_word, safe_text, write_text, xml_document
 from vigil.verify import catalog, compile_cache, predict, reducer
 from vigil.verify.budgets import Budgets
+from vigil.verify.reducer import Verdict
 from vigil.verify.snapshot import Snapshot
 from vigil.verify.watch import Outcome
 
@@ -32,8 +33,9 @@ HEARTBEAT_S = 60.0
 
 # Colour on a terminal only (the live view): a verdict's, and the words a deploy line
 # leads with when a host is lost or failed
-STYLE = {"ready": "green", "crashed": "bold red", "stalled": "bold red",
-         "timed_out": "bold red", "stopped": "yellow"}
+STYLE: dict[str, str] = {
+    Verdict.READY: "green", Verdict.CRASHED: "bold red", Verdict.STALLED: "bold red",
+    Verdict.TIMED_OUT: "bold red", Verdict.STOPPED: "yellow"}
 ALARM = r"\b(FAILED|UNREACHABLE|ROLLBACK FAILED|LEFT DRAINED)\b"
 
 
@@ -196,7 +198,7 @@ def eta_for(prediction: predict.Prediction | None, state: reducer.WatchState) ->
 def line_for(state: reducer.WatchState) -> str:
     """The evidence line, with the verdict in front once there is one."""
     if state.verdict in reducer.TERMINAL:
-        head = state.verdict or ""
+        head: str = state.verdict or ""
         if state.cause:
             head += f" ({state.cause})"
         return f"{head}: {state.summary}"
@@ -254,7 +256,7 @@ def outcome_json(o: Outcome) -> dict[str, Any]:
 def _took(o: Outcome) -> float | None:
     """The seconds of a start that became ready (what a prediction is measured on)."""
     st = o.state
-    if st is None or st.verdict not in ("ready", "slow") or st.started_at is None \
+    if st is None or st.verdict not in (Verdict.READY, Verdict.SLOW) or st.started_at is None \
             or not o.observed_start:  # already serving: its start was not watched
         return None
     return (st.now or st.started_at) - st.started_at
@@ -273,7 +275,7 @@ def prediction_json(o: Outcome) -> dict[str, Any] | None:
     out = {**o.prediction.to_json(), "measured_cache": p.cache,
            "actual_s": round(took, 1) if took is not None else None,
            "error_pct": p.error_pct(took) if took is not None else None}
-    if o.state is not None and o.state.verdict not in ("ready", "slow"):
+    if o.state is not None and o.state.verdict not in (Verdict.READY, Verdict.SLOW):
         st = o.state
         in_phase = (st.now or 0.0) - st.spans[-1].start if st.spans else 0.0
         left = p.eta(st.phase, max(in_phase, 0.0))
@@ -291,7 +293,7 @@ def run_json(outcomes: list[Outcome], exit_code: int) -> dict[str, Any]:
 
 def junit_xml(outcomes: list[Outcome]) -> str:
     """One test case per host; a non-ready verdict is a failure, a lost host an error."""
-    failures = sum(1 for o in outcomes if o.error is None and o.verdict != "ready")
+    failures = sum(1 for o in outcomes if o.error is None and o.verdict != Verdict.READY)
     errors = sum(1 for o in outcomes if o.error is not None)
     total = sum(o.seconds for o in outcomes)
     suites = ET.Element("testsuites")
@@ -304,7 +306,7 @@ def junit_xml(outcomes: list[Outcome]) -> str:
             el = ET.SubElement(case, "error", message=(o.error.splitlines() or [""])[0],
                                type="error")
             el.text = o.error
-        elif o.verdict != "ready" and o.state is not None:
+        elif o.verdict != Verdict.READY and o.state is not None:
             st = o.state
             msg = f"{st.verdict}: {st.cause or '-'} — {st.remedy or ''}".strip()
             el = ET.SubElement(case, "failure", message=msg, type=st.verdict or "unknown")

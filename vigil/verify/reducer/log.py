@@ -17,6 +17,7 @@ from vigil.verify.reducer.state import (
     MAX_WARNINGS,
     Fatal,
     PhaseSpan,
+    Verdict,
     Waiting,
     WatchState,
     _advance,
@@ -107,7 +108,7 @@ def _fold_lines(st: WatchState, snap: Snapshot, now: float) -> tuple[_Fold, Watc
                                            and t < f.st.started_at):
                 # a wait line is this start's own (a stop after it is this start's stop)
                 f.st = replace(_waited(f.st, m, entry.text, t), begun=True)
-                if m.reached is not None and f.st.verdict != "ready":
+                if m.reached is not None and f.st.verdict != Verdict.READY:
                     f.phase_changed |= _advance(f.spans, m.reached, t)
             continue
         if m.kind == "other" and not m.line.message:
@@ -137,7 +138,7 @@ def _fold_lines(st: WatchState, snap: Snapshot, now: float) -> tuple[_Fold, Watc
                 f.st.started_at is not None and t < f.st.started_at):
             f.fatal.append(Fatal("unknown", logged[:2000], catalog.remedy_for("unknown"),
                                  "chain", t, after_stop=f.st.stop_asked))
-        if m.reached is not None and f.st.verdict != "ready":
+        if m.reached is not None and f.st.verdict != Verdict.READY:
             f.phase_changed |= _advance(f.spans, m.reached, t)
         if m.kind in ("fatal", "serving", "marker") or m.reached is not None:
             f.st = replace(f.st, begun=True)

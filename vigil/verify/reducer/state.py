@@ -7,13 +7,29 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 
 from vigil.verify import catalog
 from vigil.verify.compile_cache import CacheEvidence, judge
 
 PHASES = catalog.PHASES
-TERMINAL = frozenset({"ready", "stalled", "crashed", "timed_out", "stopped"})
-VERDICTS = ("ready", "slow", "stalled", "crashed", "timed_out", "stopped")
+
+
+class Verdict(StrEnum):
+    """A watch's verdict: the one set the reducer, the group watch, the reports and the
+    history share. A member is its string (JSON, history and trace files hold the plain
+    value); SLOW is the only one that is not an end."""
+
+    READY = "ready"
+    SLOW = "slow"  # past its budget and still progressing: the watch goes on
+    STALLED = "stalled"
+    CRASHED = "crashed"
+    TIMED_OUT = "timed_out"
+    STOPPED = "stopped"
+
+
+TERMINAL = frozenset(v for v in Verdict if v is not Verdict.SLOW)
+VERDICTS = tuple(Verdict)
 MOVE_MIB = 64.0
 RSS_MOVE = 64 * 1024 * 1024
 CPU_BUSY = 0.3  # tree CPU seconds per wall second that count as "working"
@@ -163,7 +179,7 @@ class WatchState:
     evidence: Evidence = Evidence()
     weak_crash_at: float | None = None  # a crash proven only weakly, first seen (waiting)
     exit_line_at: float | None = None  # systemd's "Main process exited" line of this start
-    verdict: str | None = None
+    verdict: Verdict | None = None
     cause: str | None = None
     proof: str | None = None
     remedy: str | None = None

@@ -6,9 +6,9 @@ timed_out / stopped.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from vigil.verify import catalog
-from vigil.verify.budgets import Budgets
 from vigil.verify.compile_cache import fold as fold_cache
 from vigil.verify.reducer.evidence import _baseline, _diff, _progress
 from vigil.verify.reducer.log import _fold_lines, _wait_hint
@@ -25,10 +25,14 @@ from vigil.verify.reducer.state import (
     Evidence,
     Fatal,
     PhaseSpan,
+    Verdict,
     WatchState,
     _mmss,
 )
 from vigil.verify.snapshot import Smoke, Snapshot, Unit
+
+if TYPE_CHECKING:  # budgets reads the Verdict set: an import here would be a circle
+    from vigil.verify.budgets import Budgets
 
 
 def _describe(state: WatchState, now: float, budgets: Budgets, label: str) -> str:
@@ -96,10 +100,10 @@ def _best_fatal(fatal: tuple[Fatal, ...]) -> Fatal | None:
     return best
 
 
-def _finish(state: WatchState, verdict: str, cause: str | None, proof: str | None,
+def _finish(state: WatchState, verdict: Verdict, cause: str | None, proof: str | None,
             remedy: str | None, now: float, budgets: Budgets) -> WatchState:
     spans = state.spans
-    if verdict != "ready" and spans and spans[-1].end is not None \
+    if verdict != Verdict.READY and spans and spans[-1].end is not None \
             and spans[-1].name not in ("api_starting", "ready"):
         # Past a phase's end marker the start is in the next phase (the clock says so
         # too): a failure there is that phase's.
@@ -107,13 +111,13 @@ def _finish(state: WatchState, verdict: str, cause: str | None, proof: str | Non
         spans = (*spans, PhaseSpan(nxt, spans[-1].end, now))
     if spans and spans[-1].end is None:
         spans = (*spans[:-1], replace(spans[-1], end=now))
-    if verdict == "ready":
+    if verdict == Verdict.READY:
         if spans and spans[-1].name == "ready":
             spans = (*spans[:-1], PhaseSpan("ready", spans[-1].start, now))
         else:
             spans = (*spans, PhaseSpan("ready", now, now))
     done = replace(state, verdict=verdict, cause=cause, proof=proof, remedy=remedy,
-                   ready_at=now if verdict == "ready" else state.ready_at)
+                   ready_at=now if verdict == Verdict.READY else state.ready_at)
     return replace(done, spans=spans, summary=_describe(state, now, budgets, _label(state)))
 
 
@@ -131,7 +135,7 @@ def step(
     budgets only annotate."""
     smoke = smoke if smoke is not None else snap.smoke
     now = snap.time
-    if state.verdict == "ready":
+    if state.verdict == Verdict.READY:
         return _after_ready(state, snap, budgets)
     if state.verdict in TERMINAL:
         return _refine_cause(state, snap)
@@ -182,9 +186,9 @@ def step(
             # stopped while it waited for what never came: the stop, and what it waited for
             cause = catalog.WAIT[waiting.wait].cause
             proof = f"{stop}, after {waiting.describe()} ({waiting.line[:200]})"
-            return _finish(st, "stopped", cause, proof,
+            return _finish(st, Verdict.STOPPED, cause, proof,
                            catalog.remedy_for(cause) if cause else None, now, budgets)
-        return _finish(st, "stopped", None, stop, None, now, budgets)
+        return _finish(st, Verdict.STOPPED, None, stop, None, now, budgets)
 
     # 3. Crashed: a fatal line, the unit failing or restarting on its own, /health
     # turning 503, or the first completion failing.
@@ -200,7 +204,7 @@ def step(
                            f"crash evidence ({crash[1][:120]}): waiting for the journal")
     if crash is not None:
         cause, proof, remedy = _hinted(st, crash)
-        return _finish(st, "crashed", cause, proof, remedy, now, budgets)
+        return _finish(st, Verdict.CRASHED, cause, proof, remedy, now, budgets)
 
     # 4. Ready: /health 200 and a real completion with tokens; from a plain log, the
     # serving evidence, when it appears.
@@ -209,7 +213,7 @@ def step(
     st = replace(st, health_ok=health_ok)
     if health_ok and smoke is not None and smoke.ok and smoke.tokens > 0:
         proof = f"/health 200 and a completion returned {smoke.tokens} tokens"
-        return _finish(st, "ready", None, proof, None, now, budgets)
+        return _finish(st, Verdict.READY, None, proof, None, now, budgets)
     if log_only and (st.serving_at is not None or st.startup_complete):
         return _ready_from_log(st, budgets)
 
@@ -222,34 +226,34 @@ def step(
         line = _describe(st, now, budgets, label)
         proof = f"{line}; no progress evidence for {_mmss(quiet_for)} (stall window " \
             f"{_mmss(window)}); last log line: {st.last_line[:200]!r}"
-        hint = catalog.PHASE[clock_phase].stall_hint or catalog.VERDICT_REMEDIES["stalled"]
+        hint = catalog.PHASE[clock_phase].stall_hint or catalog.VERDICT_REMEDIES[Verdict.STALLED]
         waiting = st.waiting
         cause = catalog.WAIT[waiting.wait].cause if waiting is not None else None
         if waiting is not None and cause is not None:
             # a wait that can never end on its own: stalled, and what it waits for
             proof = f"{waiting.describe()} ({waiting.line[:200]}); {proof}"
-            return _finish(st, "stalled", cause, proof, catalog.remedy_for(cause), now,
+            return _finish(st, Verdict.STALLED, cause, proof, catalog.remedy_for(cause), now,
                            budgets)
-        return _finish(st, "stalled", f"stalled_{clock_phase}", proof, hint, now, budgets)
+        return _finish(st, Verdict.STALLED, f"stalled_{clock_phase}", proof, hint, now, budgets)
 
     # 6. Timed out: the hard cap, or a phase past a stated multiple of a budget learned
     # from history. A guessed budget never ends a start that keeps progressing.
     since_start = now - started
     if not log_only and since_start >= budgets.hard_cap_s:
         proof = f"{_mmss(since_start)} since start, hard cap {_mmss(budgets.hard_cap_s)}"
-        return _finish(st, "timed_out", "timed_out", proof,
-                       catalog.VERDICT_REMEDIES["timed_out"], now, budgets)
+        return _finish(st, Verdict.TIMED_OUT, "timed_out", proof,
+                       catalog.VERDICT_REMEDIES[Verdict.TIMED_OUT], now, budgets)
     limit = budgets.timeout_factor * budget
     if not log_only and clock_phase in budgets.learned and elapsed > limit:
         proof = f"{clock_phase} took {_mmss(elapsed)}, past {budgets.timeout_factor:g}x " \
             f"its learned budget {_mmss(budget)} ({_mmss(limit)})"
-        return _finish(st, "timed_out", "timed_out", proof,
-                       catalog.VERDICT_REMEDIES["timed_out"], now, budgets)
+        return _finish(st, Verdict.TIMED_OUT, "timed_out", proof,
+                       catalog.VERDICT_REMEDIES[Verdict.TIMED_OUT], now, budgets)
 
     # 7. Slow: past the budget and still progressing: say how far over, keep watching.
     verdict = st.verdict
     if clock_phase != "ready" and elapsed > budget and quiet_for < window / 2:
-        verdict = "slow"
+        verdict = Verdict.SLOW
         if clock_phase not in st.extended:
             source = "learned" if clock_phase in budgets.learned else "default"
             st = replace(
@@ -258,7 +262,7 @@ def step(
                           f"({source}) and still progressing"),
             )
     summary = _describe(st, now, budgets, _label(st))
-    if verdict == "slow" and budget > 0:
+    if verdict == Verdict.SLOW and budget > 0:
         summary += f" (slow: {elapsed / budget:.1f}x its budget)"
     return replace(st, verdict=verdict, summary=summary)
 
@@ -387,7 +391,7 @@ def _health(snap: Snapshot) -> bool:
 def _refine_cause(state: WatchState, snap: Snapshot) -> WatchState:
     """After a crash, a later poll may still show a better-ranked root cause (a chain
     line is logged by the API server, the root by the engine core, in any order)."""
-    if state.verdict != "crashed" or not state.fatal:
+    if state.verdict != Verdict.CRASHED or not state.fatal:
         return state
     fatal = list(state.fatal)
     hints = list(state.hints)
@@ -429,7 +433,7 @@ def _ready_from_log(st: WatchState, budgets: Budgets) -> WatchState:
         st = replace(st, warnings=(*st.warnings, f"ready, then stopped at "
                                    f"{_mmss(st.stop_at - (st.started_at or st.stop_at))}: "
                                    f"{st.stop_line}"))
-    return _finish(st, "ready", None, proof, None, at, budgets)
+    return _finish(st, Verdict.READY, None, proof, None, at, budgets)
 
 
 def _after_ready(state: WatchState, snap: Snapshot, budgets: Budgets) -> WatchState:
@@ -453,7 +457,7 @@ def _after_ready(state: WatchState, snap: Snapshot, budgets: Budgets) -> WatchSt
         at = _mmss(best.at - (st.started_at or best.at))
         proof = f"{best.proof} (at {at}, after ready at " \
             f"{_mmss((st.ready_at or 0) - (st.started_at or 0))}: ready revoked)"
-        return replace(st, spans=spans, verdict="crashed", cause=best.cause, proof=proof,
+        return replace(st, spans=spans, verdict=Verdict.CRASHED, cause=best.cause, proof=proof,
                        remedy=best.remedy)
     if st.stop_at is not None and state.stop_at is None:
         st = replace(st, warnings=(*st.warnings, f"ready, then stopped at "
