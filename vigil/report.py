@@ -10,6 +10,7 @@ import time
 import unicodedata
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -79,10 +80,22 @@ class Log:
             self.stream.flush()
 
 
+class HostStatus(StrEnum):
+    """What a task did on a host: HostResult.status (a node group's GroupResult.status is
+    OK, CHANGED or FAILED). A member is its string: the JSON, the JUnit and the summary
+    hold the plain value."""
+
+    OK = "ok"  # nothing to change (or --check: nothing would change)
+    CHANGED = "changed"  # something was written, installed or restarted (or would be)
+    FAILED = "failed"  # a step, the start's watch or a rollback failed; exit_code says how
+    SKIPPED = "skipped"  # a rollout's rollback: the deploy had not replaced the release
+    ROLLED_BACK = "rolled_back"  # a rollout's rollback: the previous release serves again
+
+
 @dataclass
 class HostResult:
     host: str
-    status: str  # ok | changed | failed
+    status: HostStatus
     actions: list[str] = field(default_factory=list)
     error: str | None = None
     main_pid: int | None = None
@@ -110,7 +123,8 @@ class HostResult:
     def code(self) -> int:
         """This host's part of the task's exit code: its error's, or FAILED for a failure
         without one of its own."""
-        return self.exit_code or (int(ExitCode.FAILED) if self.status == "failed" else 0)
+        return self.exit_code or (int(ExitCode.FAILED) if self.status == HostStatus.FAILED
+                                  else 0)
 
 
 def failed_word(exit_code: int, word: str = "FAILED") -> str:
@@ -124,16 +138,17 @@ def recap(results: list[HostResult]) -> dict[str, int]:
     on, also one that failed after (a failed host with writes is in both), and an
     unreachable host is ``unreachable``, not ``failed``."""
     return {
-        "ok": sum(r.status == "ok" for r in results),
-        "changed": sum(r.status == "changed" or (r.status == "failed" and bool(r.applied))
+        "ok": sum(r.status == HostStatus.OK for r in results),
+        "changed": sum(r.status == HostStatus.CHANGED
+                       or (r.status == HostStatus.FAILED and bool(r.applied))
                        for r in results),
         "unreachable": sum(r.unreachable for r in results),
-        "failed": sum(r.status == "failed" and not r.unreachable for r in results),
+        "failed": sum(r.status == HostStatus.FAILED and not r.unreachable for r in results),
     }
 
 
 def result_word(r: HostResult) -> str:
-    return failed_word(r.exit_code, r.status) if r.status == "failed" else r.status
+    return failed_word(r.exit_code, r.status) if r.status == HostStatus.FAILED else r.status
 
 
 def summary_row(r: HostResult, width: int) -> str:
@@ -197,7 +212,7 @@ def write_json(path: str, payload: Any) -> None:
 
 def results_json(results: list[HostResult]) -> dict[str, Any]:
     return {
-        "ok": all(r.status != "failed" for r in results),
+        "ok": all(r.status != HostStatus.FAILED for r in results),
         "recap": recap(results),
         "hosts": {r.host: {**asdict(r), "unreachable": r.unreachable} for r in results},
     }

@@ -29,7 +29,7 @@ from vigil.errors import (
     ServeError,
     VigilError,
 )
-from vigil.report import HostResult, Log, failed_word
+from vigil.report import HostResult, HostStatus, Log, failed_word
 from vigil.transport.base import Transport
 from vigil.transport.lock import host_lock, lock_owner
 from vigil.transport.remote import call
@@ -188,7 +188,7 @@ def verify_start(transport: Transport, t: Target, opts: Options, log: Log,
 
 def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
     started = time.monotonic()
-    result = HostResult(t.name, "failed")
+    result = HostResult(t.name, HostStatus.FAILED)
     done: list[str] = []  # the actions the host completed
     drained: list[str] = []  # the drain hook ran and nothing put the host back yet
 
@@ -231,7 +231,7 @@ def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
                         for action in plan.actions:
                             if action.diff:
                                 log.block(action.diff)
-                        result.status = "changed" if plan.changes else "ok"
+                        result.status = HostStatus.CHANGED if plan.changes else HostStatus.OK
                         result.main_pid = facts.service.main_pid or None if facts else None
                         return result
                     hooks = opts.hooks if plan.restarts else None
@@ -256,7 +256,7 @@ def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
                             drained.clear()
                     elif facts is not None:
                         result.main_pid = facts.service.main_pid or None
-                    result.status = "changed" if plan.changes else "ok"
+                    result.status = HostStatus.CHANGED if plan.changes else HostStatus.OK
             finally:
                 result.round_trips = transport.round_trips
     except Exception as exc:  # a bug must fail this host, not vanish with its thread

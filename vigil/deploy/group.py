@@ -24,7 +24,7 @@ from vigil.deploy.reach import check as check_reach
 from vigil.desired.groups import NodeGroup
 from vigil.desired.targets import Target
 from vigil.errors import VigilError
-from vigil.report import HostResult, Log
+from vigil.report import HostResult, HostStatus, Log
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ def rollback_steps(group: NodeGroup, replaced: Mapping[str, bool]) -> tuple[Step
 @dataclass
 class GroupResult:
     group: str
-    status: str  # ok | changed | failed
+    status: HostStatus  # OK, CHANGED or FAILED
     nodes: list[HostResult]
     plan: GroupPlan | None = None
     failed_node: str | None = None
@@ -138,12 +138,12 @@ def deploy_group(group: NodeGroup, opts: Options, log: Log,
     targets = release_targets(group)
     checks = {key: deploy_host(t, replace(opts, check=True, wait=False), log)
               for key, t in targets.items()}
-    failed = [r for r in checks.values() if r.status == "failed"]
+    failed = [r for r in checks.values() if r.status == HostStatus.FAILED]
     if failed:
-        return GroupResult(group.spec.name, "failed", list(checks.values()),
+        return GroupResult(group.spec.name, HostStatus.FAILED, list(checks.values()),
                            failed_node=failed[0].host, error=failed[0].error,
                            seconds=round(time.monotonic() - started, 2))
-    plan = plan_group(group, {k: r.status == "changed" for k, r in checks.items()},
+    plan = plan_group(group, {k: r.status == HostStatus.CHANGED for k, r in checks.items()},
                       force_restart=opts.restart)
     for line in plan.describe():
         log(group.spec.name, ("would " if opts.check else "") + line)
@@ -151,11 +151,11 @@ def deploy_group(group: NodeGroup, opts: Options, log: Log,
         check_reach(group)  # wait in distributed_init until a timeout, minutes later
         log(group.spec.name, "rendezvous: every worker reached the head")
     if opts.check:
-        return GroupResult(group.spec.name, "changed" if plan.restart else "ok",
+        return GroupResult(group.spec.name, HostStatus.CHANGED if plan.restart else HostStatus.OK,
                            list(checks.values()), plan,
                            seconds=round(time.monotonic() - started, 2))
     results: list[HostResult] = []
-    out = GroupResult(group.spec.name, "ok", results, plan)
+    out = GroupResult(group.spec.name, HostStatus.OK, results, plan)
     for step in plan.steps:
         res = deploy_host(targets[step.key], replace(opts, restart=step.restart, wait=False),
                           log)
@@ -163,12 +163,12 @@ def deploy_group(group: NodeGroup, opts: Options, log: Log,
         # only a release this deploy replaced has one to go back to (a release restarted
         # with the group, or one that failed before its backup, has not)
         out.replaced[step.key] = res.replaced
-        if res.status == "failed":
-            out.status, out.failed_node, out.error = "failed", step.node, res.error
+        if res.status == HostStatus.FAILED:
+            out.status, out.failed_node, out.error = HostStatus.FAILED, step.node, res.error
             break
-        if res.status == "changed":
-            out.status = "changed"
-    if out.status == "failed" and rollback is not None:
+        if res.status == HostStatus.CHANGED:
+            out.status = HostStatus.CHANGED
+    if out.status == HostStatus.FAILED and rollback is not None:
         done = []
         for back in rollback_steps(group, out.replaced):
             log(group.spec.name, f"rollback {back.key}: {back.reason}")

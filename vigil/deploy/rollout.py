@@ -31,6 +31,7 @@ from vigil.errors import ConfigError, InternalError, VigilError
 from vigil.exitcodes import ExitCode, worst
 from vigil.report import (
     HostResult,
+    HostStatus,
     Log,
     recap,
     recap_line,
@@ -176,7 +177,7 @@ class BatchResult:
 
     @property
     def failed(self) -> list[str]:
-        return [r.host for r in self.results if r.status == "failed"]
+        return [r.host for r in self.results if r.status == HostStatus.FAILED]
 
 
 @dataclass
@@ -199,11 +200,11 @@ class Rollout:
 
     @property
     def done(self) -> list[str]:
-        return [r.host for r in self.results if r.status != "failed"]
+        return [r.host for r in self.results if r.status != HostStatus.FAILED]
 
     @property
     def failed(self) -> list[str]:
-        return [r.host for r in self.results if r.status == "failed"]
+        return [r.host for r in self.results if r.status == HostStatus.FAILED]
 
     @property
     def stopped(self) -> bool:
@@ -285,7 +286,7 @@ def roll(targets: Sequence[Target], batches: list[list[str]], budget: Budget,
             out.rollback_offset_s = round(time.monotonic() - started, 2)
             if rollback_one is not None:
                 for res in batch.results:
-                    if res.status == "failed":
+                    if res.status == HostStatus.FAILED:
                         out.rolled_back.append(_rollback_if_changed(by_name[res.host], res,
                                                                     rollback_one, log))
             break
@@ -305,7 +306,8 @@ def _rollback_if_changed(t: Target, failed: HostResult, rollback_one: DeployOne,
     if not (failed.restarted and took_backup):
         log(t.name, "not rolled back: this deploy did not replace the release "
             "(it failed before its restart)")
-        return HostResult(t.name, "skipped", error="the deploy did not replace the release")
+        return HostResult(t.name, HostStatus.SKIPPED,
+                          error="the deploy did not replace the release")
     return rollback_one(t)
 
 
@@ -314,7 +316,7 @@ def rollback_host(t: Target, settings: WatchSettings, state_dir: Path, log: Log,
     """Put the previous release back (unit, env file, environment link), restart and watch
     it until a real completion, as ``invoke rollback`` does."""
     started = time.monotonic()
-    result = HostResult(t.name, "failed", actions=["rollback: previous release"])
+    result = HostResult(t.name, HostStatus.FAILED, actions=["rollback: previous release"])
 
     def say(message: str) -> None:
         log(t.name, message)
@@ -331,7 +333,7 @@ def rollback_host(t: Target, settings: WatchSettings, state_dir: Path, log: Log,
         result.main_pid = service.ready_pid(t.name, outcome)
         if hooks is not None:
             hooks.run("after_ready", t, say)
-        result.status = "rolled_back"
+        result.status = HostStatus.ROLLED_BACK
         say("previous release serving again")
     except Exception as exc:  # a bug fails this host, not the rollout
         err = exc if isinstance(exc, VigilError) else InternalError.of(t.name, exc)
@@ -361,7 +363,7 @@ def summary(ro: Rollout) -> str:
     lines += [f"{'-':<5} {h:<{width}}  {'untouched':<11} {'-':>8} {'':>8}  rollout stopped"
               for h in ro.untouched]
     lines += [f"{'rb':<5} {summary_row(r, width)}" for r in ro.rolled_back]
-    rolled = sum(r.status == "rolled_back" for r in ro.rolled_back)
+    rolled = sum(r.status == HostStatus.ROLLED_BACK for r in ro.rolled_back)
     lines.append(recap_line(ro.results) + f" untouched={len(ro.untouched)}"
                  + (f" rolled_back={rolled}" if ro.rolled_back else "")
                  + (" — stopped: failure budget exceeded" if ro.stopped else ""))
@@ -406,7 +408,7 @@ def junit_xml(ro: Rollout) -> str:
         for r in b.results:
             case = ET.SubElement(s, "testcase", classname=f"vigil.deploy.batch{b.index}",
                                  name=r.host, time=f"{r.seconds:.2f}")
-            if r.status == "failed":
+            if r.status == HostStatus.FAILED:
                 first = (r.error or "failed").splitlines()[0]
                 el = ET.SubElement(case, "failure", message=first, type=r.verdict or "failed")
                 el.text = r.error

@@ -11,14 +11,15 @@ import html
 from typing import Any
 
 from vigil.deploy.rollout import Rollout
-from vigil.report import HostResult, safe_text, write_text
+from vigil.report import HostResult, HostStatus, safe_text, write_text
 from vigil.verify import html as verify_html
 
 WIDTH = verify_html.WIDTH
 LABEL_W = verify_html.LABEL_W
 ROW_H = verify_html.ROW_H
-STATUS_COLOUR = {"ok": "#1a7f37", "changed": "#1a7f37", "failed": "#cf222e",
-                 "rolled_back": "#9a6700", "skipped": "#57606a"}
+STATUS_COLOUR: dict[str, str] = {
+    HostStatus.OK: "#1a7f37", HostStatus.CHANGED: "#1a7f37", HostStatus.FAILED: "#cf222e",
+    HostStatus.ROLLED_BACK: "#9a6700", HostStatus.SKIPPED: "#57606a"}
 
 
 def _e(text: object) -> str:

@@ -22,7 +22,7 @@ from vigil.desired import review
 from vigil.desired.groups import NodeGroup, resolve_group
 from vigil.desired.render import SMOKE_SECRETS, Secrets
 from vigil.exitcodes import VERDICT_EXIT, ExitCode
-from vigil.report import Log, echo, failed_word
+from vigil.report import HostStatus, Log, echo, failed_word
 from vigil.tasks.common import (
     SET_HELP,
     exit_with,
@@ -110,12 +110,12 @@ def deploy(c: Context, name: str, check: bool = False, restart: bool = False,
                                   state_dir=setting(c, "state_dir"))
         result = deploy_group(g, opts, log, rollback=(
             (lambda step: _rollback(c, g, log, [step])) if rollback_failed else None))
-        codes = [r.exit_code for r in result.nodes if r.status == "failed"]
+        codes = [r.exit_code for r in result.nodes if r.status == HostStatus.FAILED]
         word = failed_word(worst_code(codes), "failed")  # the node's own word and code
         log(name, f"group {result.status}" + (f" at {result.failed_node} ({word}): "
                                               f"{result.error}" if result.failed_node
                                               else ""))
-        if result.status == "failed":
+        if result.status == HostStatus.FAILED:
             exit_with(codes or [ExitCode.FAILED])
             return
         if check or no_wait or (result.plan is not None and not result.plan.restart):

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TextIO
 
-from vigil.report import HostResult, failed_word, result_word, safe_text
+from vigil.report import HostResult, HostStatus, failed_word, result_word, safe_text
 from vigil.verify.reducer import Verdict
 from vigil.verify.watch import Outcome
 
@@ -32,8 +32,8 @@ def deploy_rows(results: Iterable[HostResult]) -> list[Row]:
         done = ", ".join(a.split(":", 1)[0] for a in r.actions)
         detail = (r.error.splitlines() or [""])[0] if r.error else done or "nothing to do"
         # a start that failed its watch says how (crashed, stalled) rather than "failed"
-        result = r.verdict if r.status == "failed" and r.verdict else result_word(r)
-        rows.append(Row(r.host, result, detail, r.status == "failed"))
+        result = r.verdict if r.status == HostStatus.FAILED and r.verdict else result_word(r)
+        rows.append(Row(r.host, result, detail, r.status == HostStatus.FAILED))
     return rows
 
 
