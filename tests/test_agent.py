@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 from tests.agent_payload import agent
+from vigil.deploy.plan import ActionKind
 from vigil.host import payload
 
 # The plans apply sends (tests/test_apply.py holds it to them): the release's and the roles'.
@@ -13,10 +14,15 @@ DEPLOY = Path(__file__).parent.parent / "vigil" / "deploy"
 PLANNERS = [DEPLOY / "plan.py", DEPLOY / "roles.py"]
 
 
-def test_every_planned_action_kind_has_an_applier() -> None:
-    planned = {k for p in PLANNERS for k in re.findall(r'Action\(\s*"(\w+)"', p.read_text())}
-    assert {"install_env", "discard_env", "mark_env", "write_env", "write_file"} <= planned
-    assert planned <= set(agent.APPLIERS), planned - set(agent.APPLIERS)
+def test_every_action_kind_has_an_applier_and_the_planners_write_only_kinds() -> None:
+    # the host side is stdlib only: its table is keyed by the strings the members are
+    kinds = {k.value for k in ActionKind}
+    assert set(agent.APPLIERS) == kinds, "an applier's kind is one ActionKind member: " \
+        f"{sorted(set(agent.APPLIERS) ^ kinds)}"
+    text = "".join(p.read_text() for p in PLANNERS)
+    assert not re.findall(r'Action\(\s*["\']', text)  # a kind is a member, not a literal
+    planned = set(re.findall(r"Action\(\s*ActionKind\.(\w+)", text))
+    assert planned == {k.name for k in ActionKind}  # no member that no planner writes
 
 
 def test_an_unknown_action_stops_the_run_with_its_name(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from vigil.deploy import roles as roles_plan
 from vigil.deploy.facts import HostFacts, parse_facts
 from vigil.deploy.gpucheck import GpuPolicy
 from vigil.deploy.hooks import Hooks
-from vigil.deploy.plan import Plan, make_plan
+from vigil.deploy.plan import ActionKind, Plan, make_plan
 from vigil.deploy.preflight import check_host, stale_gpu_processes
 from vigil.deploy.runtime import import_remedy, verify_install
 from vigil.desired.render import paths_for
@@ -87,7 +87,7 @@ def apply_install(
     """Build and verify a new environment first (one round trip); only a verified one is
     marked complete and switched to by the rest of the plan. A failure changes nothing
     the service uses: no switch, no restart, the old environment stays current."""
-    install = plan.step("install_env")
+    install = plan.step(ActionKind.INSTALL_ENV)
     if install is None:
         return []
     env_dir = install.payload["env_dir"]
@@ -98,7 +98,7 @@ def apply_install(
     problems = verify_install(t.stack, res, t.rendered.argv)
     if problems:
         if res.get("ok"):  # built but refused: the plan's discard removes it
-            discard = plan.step("discard_env")
+            discard = plan.step(ActionKind.DISCARD_ENV)
             assert discard is not None, "make_plan lists discard_env after every install_env"
             call(transport, t.vars, "apply", {**agent_request(t), "actions": [
                 discard.wire()]}, timeout=600)
@@ -115,7 +115,7 @@ def apply_install(
         )
     say(f"{env_dir} verified ({res.get('installer')}, {res.get('seconds')} s): pins, rules, "
         f"pip check, import {', '.join(t.stack.verify_imports)}")
-    mark = plan.step("mark_env")
+    mark = plan.step(ActionKind.MARK_ENV)
     assert mark is not None, "make_plan lists mark_env after every install_env"
     return [{**mark.wire(), "packages": res.get("packages")}]
 
@@ -141,7 +141,7 @@ def apply_plan(transport: Transport, t: Target, plan: Plan, say: Callable[[str],
         return
     first = apply_install(transport, t, plan, say)
     if first and done is not None:  # a verified environment now sits beside the old one
-        done.append("install_env")
+        done.append(ActionKind.INSTALL_ENV)
     if before_stop is not None and plan.restarts:
         before_stop()
     request = {**agent_request(t), "actions": first + [
@@ -265,9 +265,9 @@ def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
         result.exit_code = int(err.exit_code)
         say(f"{failed_word(int(err.exit_code))}: {err}")
         if drained and opts.hooks is not None:
-            result.error += undrain(t, opts.hooks, restarted="restart" in done, say=say)
+            result.error += undrain(t, opts.hooks, restarted=ActionKind.RESTART in done, say=say)
     finally:
-        result.replaced = "backup" in done
+        result.replaced = ActionKind.BACKUP in done
         result.applied = list(done)
         result.seconds = round(time.monotonic() - started, 2)
     return result

@@ -10,6 +10,7 @@ import difflib
 import os
 import shlex
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from vigil.deploy.facts import HostFacts
@@ -26,11 +27,28 @@ from vigil.desired.stacks import Stack
 from vigil.errors import RefusedError
 
 
+class ActionKind(StrEnum):
+    """What a plan's step does: one applier each in vigil/host/apply.py (APPLIERS, whose
+    keys are these strings: the host side is stdlib only). A member is its string on the
+    wire, in --check and in the JSON (HostResult.applied)."""
+
+    INSTALL_ENV = "install_env"  # build the stack's environment beside the live one
+    DISCARD_ENV = "discard_env"  # remove a new environment that failed verification
+    MARK_ENV = "mark_env"  # mark a verified environment complete
+    BACKUP = "backup"  # keep the running release for rollback
+    SWITCH_ENV = "switch_env"  # point the environment link at the target
+    REMOVE_ENVS = "remove_envs"  # collect old environments
+    WRITE_ENV = "write_env"
+    WRITE_UNIT = "write_unit"
+    WRITE_FILE = "write_file"  # a user role's file
+    SYSTEMCTL = "systemctl"  # daemon-reload, enable
+    KILL = "kill"  # --kill-stale
+    RESTART = "restart"
+
+
 @dataclass(frozen=True)
 class Action:
-    # install_env | discard_env | mark_env | backup | switch_env | remove_envs | write_env
-    # | write_unit | systemctl | kill | restart (| the user roles' write_file)
-    kind: str
+    kind: ActionKind
     reason: str
     payload: dict[str, Any] = field(default_factory=dict)
     diff: str = ""  # unified diff, secrets masked
@@ -42,7 +60,7 @@ class Action:
         return {"kind": self.kind, **self.payload}
 
     def describe(self) -> str:
-        label = self.kind if self.kind != "systemctl" else \
+        label = self.kind if self.kind != ActionKind.SYSTEMCTL else \
             "systemctl " + " ".join(self.payload["args"])
         return f"{label}{f' (if {self.when})' if self.when else ''}: {self.reason}"
 
@@ -62,7 +80,7 @@ class Plan:
             return ["nothing to do"]
         return [a.describe() for a in self.actions]
 
-    def step(self, kind: str) -> Action | None:
+    def step(self, kind: ActionKind) -> Action | None:
         """The plan's first step of this kind (apply sends the install's steps alone)."""
         return next((a for a in self.actions if a.kind == kind), None)
 
@@ -190,13 +208,13 @@ def plan_runtime(host_name: str, stack: Stack, r: Rendered, facts: HostFacts, *,
             )
         # built beside the live environment; switched only after it passed verification
         target = install_dir(r.paths.env_dir, facts)
-        install = Action("install_env", "; ".join(runtime) or "--reinstall",
+        install = Action(ActionKind.INSTALL_ENV, "; ".join(runtime) or "--reinstall",
                          install_payload(stack, target, r.paths.current,
                                          installer=hv.installer))
-        discard = Action("discard_env", f"remove {target}, which the running release "
+        discard = Action(ActionKind.DISCARD_ENV, f"remove {target}, which the running release "
                          "never used; nothing after it runs", {"env_dir": target},
                          when="the new environment fails verification")
-        mark = Action("mark_env", f"mark {target} complete once it passed verification "
+        mark = Action(ActionKind.MARK_ENV, f"mark {target} complete once it passed verification "
                       "(pins, rules, pip check, imports); a failed one is discarded and "
                       "nothing after it runs", {"env_dir": target})
     return RuntimePlan(install, target, tuple(runtime), mark, discard)
@@ -216,35 +234,36 @@ def plan_service(host_name: str, r: Rendered, facts: HostFacts, runtime: Runtime
     writes: list[Action] = []
     if switch:
         writes.append(Action(
-            "switch_env", f"environment link {facts.current_env or '(none)'} -> {target}",
+            ActionKind.SWITCH_ENV, f"environment link {facts.current_env or '(none)'} -> {target}",
             {"target": target},
         ))
     if env_changed:
         writes.append(Action(
-            "write_env", env_change_reason(facts.env_text, r.env_text, r.secret_names),
+            ActionKind.WRITE_ENV, env_change_reason(facts.env_text, r.env_text, r.secret_names),
             {"content": r.env_text, "mode": "600"},
             env_diff(r, facts.env_text),
         ))
     if unit_changed:
         writes.append(Action(
-            "write_unit", unit_change_reason(facts.unit_text, r.unit_text),
+            ActionKind.WRITE_UNIT, unit_change_reason(facts.unit_text, r.unit_text),
             {"content": r.unit_text, "mode": "644"}, unified(r.paths.unit, facts.unit_text,
                                                              r.unit_text),
         ))
     existed = facts.release_exists
     if writes and existed:
-        actions.append(Action("backup", "keep the running release for rollback"))
+        actions.append(Action(ActionKind.BACKUP, "keep the running release for rollback"))
     actions += writes
     if switch:
         old = collect(facts, {target}, hv.keep_envs, backup_replaced=bool(existed))
         if old:
-            actions.append(Action("remove_envs", f"keep the newest environments: {len(old)} "
-                                  "old one(s) collected", {"paths": old}))
+            actions.append(Action(ActionKind.REMOVE_ENVS, "keep the newest environments: "
+                                  f"{len(old)} old one(s) collected", {"paths": old}))
     unit = r.paths.unit.rsplit("/", 1)[1]
     if unit_changed:
-        actions.append(Action("systemctl", "unit file changed", {"args": ["daemon-reload"]}))
+        actions.append(Action(ActionKind.SYSTEMCTL, "unit file changed",
+                              {"args": ["daemon-reload"]}))
     if facts.service.unit_file_state != "enabled":
-        actions.append(Action("systemctl", "start at boot", {"args": ["enable", unit]}))
+        actions.append(Action(ActionKind.SYSTEMCTL, "start at boot", {"args": ["enable", unit]}))
     changed = [what for what, flag in (("runtime", bool(runtime.differences) or switch),
                                        ("unit", unit_changed), ("env", env_changed)) if flag]
     restarts = False
@@ -255,12 +274,12 @@ def plan_service(host_name: str, r: Rendered, facts: HostFacts, runtime: Runtime
         reason = f"service is {facts.service.active_state or 'not loaded'}"
         restarts = True
     if kill_pids:
-        actions.append(Action("kill", "--kill-stale: processes outside the service hold GPU "
-                              "memory: " + ", ".join(str(p) for p in kill_pids),
+        actions.append(Action(ActionKind.KILL, "--kill-stale: processes outside the service "
+                              "hold GPU memory: " + ", ".join(str(p) for p in kill_pids),
                               {"pids": list(kill_pids), "expect": {
                                   str(p): {"start": facts.gpu_starts.get(str(p)),
                                            "cmdline": facts.gpu_cmdlines.get(str(p))}
                                   for p in kill_pids}}))
     if restarts:
-        actions.append(Action("restart", reason, {"unit": unit}))
+        actions.append(Action(ActionKind.RESTART, reason, {"unit": unit}))
     return Plan(host_name, tuple(actions), restarts)

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vigil.deploy.plan import Action, unified
+from vigil.deploy.plan import Action, ActionKind, unified
 from vigil.desired.roles import RenderedRole
 
 
@@ -105,7 +105,7 @@ def plan_roles(roles: tuple[RenderedRole, ...], facts: RoleFacts) -> list[Action
             else:
                 diff = hidden_diff(f.dest, state, f.content)
             writes.append(Action(
-                "write_file", f"{role.name}: {f.dest}: {', '.join(reasons)}",
+                ActionKind.WRITE_FILE, f"{role.name}: {f.dest}: {', '.join(reasons)}",
                 {"path": f.dest, "content": f.content, "mode": f.mode, "owner": f.owner},
                 diff,
             ))
@@ -114,18 +114,19 @@ def plan_roles(roles: tuple[RenderedRole, ...], facts: RoleFacts) -> list[Action
                 restart.setdefault(f.restart, f"{role.name}: {f.dest} changed")
     actions = list(writes)
     if reload:
-        actions.append(Action("systemctl", "a role's unit file changed",
+        actions.append(Action(ActionKind.SYSTEMCTL, "a role's unit file changed",
                               {"args": ["daemon-reload"]}))
     for role in roles:
         for unit in role.enable:
             state = facts.units.get(unit) or {}
             if state.get("UnitFileState") != "enabled":
-                actions.append(Action("systemctl", f"{role.name}: start at boot",
+                actions.append(Action(ActionKind.SYSTEMCTL, f"{role.name}: start at boot",
                                       {"args": ["enable", unit]}))
             if state.get("ActiveState") not in ("active", "activating", "reloading"):
                 restart.setdefault(unit, f"{role.name}: {unit} is "
                                    f"{state.get('ActiveState') or 'not loaded'}")
-    actions += [Action("restart", reason, {"unit": unit}) for unit, reason in restart.items()]
+    actions += [Action(ActionKind.RESTART, reason, {"unit": unit})
+                for unit, reason in restart.items()]
     return actions
 
 
@@ -136,15 +137,15 @@ def with_role_backup(service: tuple[Action, ...], role_actions: list[Action],
     a rollback puts them back (or removes them again) along with the unit and env."""
     restart_of = {f.dest: f.restart for r in roles for f in r.files}
     files = [{"path": a.payload["path"], "restart": restart_of.get(a.payload["path"])}
-             for a in role_actions if a.kind == "write_file"]
+             for a in role_actions if a.kind == ActionKind.WRITE_FILE]
     if not files:
         return service + tuple(role_actions)
-    if any(a.kind == "backup" for a in service):
+    if any(a.kind == ActionKind.BACKUP for a in service):
         service = tuple(replace(a, payload={**a.payload, "files": files})
-                        if a.kind == "backup" else a for a in service)
+                        if a.kind == ActionKind.BACKUP else a for a in service)
         return service + tuple(role_actions)
     if not release_exists:  # nothing deployed yet: there is no release to roll back to
         return service + tuple(role_actions)
-    keep = Action("backup", "keep the running release and the roles' files for rollback",
+    keep = Action(ActionKind.BACKUP, "keep the running release and the roles' files for rollback",
                   {"files": files})
     return (*service, keep, *tuple(role_actions))
