@@ -605,7 +605,7 @@ def tasks_section(collection: Any, prefix: str) -> list[str]:
             # --json[=STRING]: an optional-value flag
             long = next(f.split("=")[0].removesuffix("[") for f in flags.split(", ")
                         if f.startswith("--"))
-            arg = by_flag[long]
+            arg = by_flag[long.replace("[no-]", "")]  # a flag on by default: --[no-]seed
             default = arg.default
             shown = "—" if default in (None, [], False, "") else code(flow(default))
             rows.append(f"| {code(flags)} | {shown} | {cell(help_text or '')} |")

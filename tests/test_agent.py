@@ -9,9 +9,9 @@ from tests.agent_payload import agent
 from vigil.deploy.plan import ActionKind
 from vigil.host import payload
 
-# The plans apply sends (tests/test_apply.py holds it to them): the release's and the roles'.
+# The plans apply sends (tests/test_apply.py holds it to them): release, roles, seed.
 DEPLOY = Path(__file__).parent.parent / "vigil" / "deploy"
-PLANNERS = [DEPLOY / "plan.py", DEPLOY / "roles.py"]
+PLANNERS = [DEPLOY / "plan.py", DEPLOY / "roles.py", DEPLOY / "seed.py"]
 
 
 def test_every_action_kind_has_an_applier_and_the_planners_write_only_kinds() -> None:

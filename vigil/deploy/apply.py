@@ -7,17 +7,17 @@ connection, so a bad file, an unknown profile or a template error changes no hos
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from vigil.deploy import progress
+from vigil.deploy import progress, seed
 from vigil.deploy import roles as roles_plan
 from vigil.deploy.facts import HostFacts, parse_facts
 from vigil.deploy.gpucheck import GpuPolicy
 from vigil.deploy.hooks import Hooks
-from vigil.deploy.plan import ActionKind, Plan, make_plan
+from vigil.deploy.plan import Action, ActionKind, Plan, make_plan
 from vigil.deploy.preflight import check_host, stale_gpu_processes
 from vigil.deploy.runtime import import_remedy, verify_install
 from vigil.desired.render import paths_for
@@ -76,6 +76,7 @@ class Options:
     state_dir: Path = Path("state")  # traces and the history mirror
     hooks: Hooks | None = None  # drain: controller commands around a restart
     forks: int = FORKS  # hosts worked on at once
+    seed: bool = True  # compile caches: seed before a restart, keep after a ready start
     # the run's view of every watched start (a live table on a terminal); None: plain
     # lines through the deploy's log
     view: Reporter | None = field(default=None, compare=False)
@@ -132,25 +133,38 @@ def missing_remedy(res: dict[str, Any], stack: str) -> str | None:
 
 def apply_plan(transport: Transport, t: Target, plan: Plan, say: Callable[[str], None],
                done: list[str] | None = None,
-               before_stop: Callable[[], None] | None = None) -> None:
+               before_stop: Callable[[], None] | None = None,
+               store: seed.Store | None = None, seeded: list[str] | None = None) -> None:
     """Apply the plan; ``done`` gets the kind of every action the host completed, also
     when a later one fails (a group's rollback asks whether the backup was taken).
     ``before_stop`` (the drain) runs after the install, which may last minutes and fail
-    with the old release serving, and right before the round trip that restarts."""
+    with the old release serving, and right before the round trip that restarts. A
+    seed_cache step's blob goes up from ``store`` first; ``seeded`` gets its entries."""
     if not plan.actions:
         return
+    seeded = seeded if seeded is not None else []
     first = apply_install(transport, t, plan, say)
     if first and done is not None:  # a verified environment now sits beside the old one
         done.append(ActionKind.INSTALL_ENV)
+    skip = {ActionKind.INSTALL_ENV, ActionKind.MARK_ENV}
+    sow = plan.step(ActionKind.SEED_CACHE)
+    if sow is not None and store is not None:
+        try:
+            seed.upload(transport, t, store, sow, say)
+        except HostError as exc:  # a seed saves minutes; it is never why a deploy fails
+            say(f"compile cache: not seeded ({exc}); the start compiles")
+            skip.add(ActionKind.SEED_CACHE)
     if before_stop is not None and plan.restarts:
         before_stop()
     request = {**agent_request(t), "actions": first + [
-        a.wire() for a in plan.actions
-        if a.kind not in ("install_env", "mark_env") and not a.when]}
+        a.wire() for a in plan.actions if a.kind not in skip and not a.when]}
     reply = call(transport, t.vars, "apply", request, timeout=3600)
     for i, res in enumerate(reply["results"]):
         if res["ok"] and done is not None:
             done.append(res["kind"])
+        if res["kind"] == ActionKind.SEED_CACHE and res["ok"]:
+            seeded.extend(str(e) for e in res.get("seeded") or [])
+            say(seed.result_line(res))
         if not res["ok"]:
             detail = res.get("error") or "failed"
             before = [r["kind"] for r in reply["results"][:i]]
@@ -165,8 +179,10 @@ def apply_plan(transport: Transport, t: Target, plan: Plan, say: Callable[[str],
 
 
 def verify_start(transport: Transport, t: Target, opts: Options, log: Log,
-                 result: HostResult) -> None:
-    """Watch the (re)start with the verify watcher: same budgets, history and trace."""
+                 result: HostResult, *, store: seed.Store | None = None,
+                 sown: Action | None = None, seeded: Sequence[str] = ()) -> None:
+    """Watch the (re)start with the verify watcher: same budgets, history and trace;
+    then the compile cache's stage (keep a ready start's, quarantine a crashed seed)."""
     reporter = opts.view or Reporter(live=False, emit=log)
     outcome = verify_target(t, opts.watch, opts.state_dir, transport=transport,
                             on_poll=reporter.poll, on_note=log,  # a deploy line (above a live view)
@@ -178,12 +194,34 @@ def verify_start(transport: Transport, t: Target, opts: Options, log: Log,
     st = outcome.state
     assert st is not None
     result.main_pid = st.main_pid
+    if store is not None:
+        seed.after_start(transport, t, store, outcome, sown, list(seeded),
+                         lambda m: log(t.name, m))
     if st.verdict != Verdict.READY:
         raise ServeError(t.name, f"verify: {st.verdict} ({st.cause}): {st.proof}",
                          fix=st.remedy or f"see `invoke logs --hosts {t.name}`")
     if outcome.smoke is not None:
         log(t.name, f"serving: {outcome.smoke.tokens} tokens, TTFT "
             f"{outcome.smoke.ttft_s or 0:.2f} s, ready after {outcome.seconds:.0f} s")
+
+
+def plan_seed_step(transport: Transport, t: Target, plan: Plan, store: seed.Store,
+                   say: Callable[[str], None]) -> Plan:
+    """The plan with its seed step before the restart, when the store keeps a cache of
+    this host's key that the host lacks (one round trip lists the host's entries)."""
+    m = store.get(seed.key_of(seed.key_fields(t)))
+    for warning in store.warnings:
+        say(f"compile cache: {warning}")
+    if m is not None and m.bad:
+        say(f"compile cache of {m.describe()} is quarantined ({m.bad}): not seeded")
+    if m is None or m.bad:
+        return plan
+    step = seed.plan_seed(m, seed.present(transport, t), root=t.rendered.paths.cache,
+                          user=t.vars.service_user)
+    if step is None:
+        return plan
+    at = next(i for i, a in enumerate(plan.actions) if a.kind == ActionKind.RESTART)
+    return replace(plan, actions=(*plan.actions[:at], step, *plan.actions[at:]))
 
 
 def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
@@ -224,6 +262,10 @@ def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
                         plan = replace(plan, actions=roles_plan.with_role_backup(
                             plan.actions, extra, t.roles,
                             release_exists=facts is not None and facts.release_exists))
+                    store = seed.store_for(t, opts.state_dir) if (
+                        opts.seed and t.vars.cache_seed and t.takes("service")) else None
+                    if store is not None and plan.restarts:
+                        plan = plan_seed_step(transport, t, plan, store, say)
                     result.actions = plan.describe() if plan.actions else []
                     for line in plan.describe():
                         say(("would " if opts.check and plan.actions else "") + line)
@@ -241,8 +283,10 @@ def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
                         drained.append(t.name)
                         hooks.run("before_stop", t, say)
 
+                    seeded: list[str] = []
                     apply_plan(transport, t, plan, say, done,
-                               before_stop=drain if hooks is not None else None)
+                               before_stop=drain if hooks is not None else None,
+                               store=store, seeded=seeded)
                     # what was done: a step whose condition never came is left out
                     result.actions = [a.describe() for a in plan.actions if not a.when]
                     result.restarted = plan.restarts
@@ -250,7 +294,9 @@ def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
                         plan.restarts or facts.health_status != 200)
                     if opts.wait and need_wait:
                         say("verifying the start: phases, evidence, a real completion")
-                        verify_start(transport, t, opts, log, result)
+                        verify_start(transport, t, opts, log, result, store=store,
+                                     sown=plan.step(ActionKind.SEED_CACHE) if seeded else None,
+                                     seeded=seeded)
                         if hooks is not None:
                             hooks.run("after_ready", t, say)
                             drained.clear()

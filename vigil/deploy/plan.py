@@ -43,6 +43,7 @@ class ActionKind(StrEnum):
     WRITE_FILE = "write_file"  # a user role's file
     SYSTEMCTL = "systemctl"  # daemon-reload, enable
     KILL = "kill"  # --kill-stale
+    SEED_CACHE = "seed_cache"  # a compile cache from a ready start of the same key
     RESTART = "restart"
 
 

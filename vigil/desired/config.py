@@ -161,6 +161,12 @@ class HostVars(Strict):
         default_factory=dict, description="model profile fields overridden for this host"
     )
     serve_timeout_s: float = Field(1800.0, gt=0)
+    # compile caches: a ready start's cache seeds the next host of the same key
+    cache_seed: bool = Field(True, description="seed this host's compile cache from a "
+                             "ready start of the same key before it restarts")
+    cache_store: str | None = Field(None, description="the controller directory (a shared "
+                                    "mount) that keeps compile caches; default: "
+                                    "<state_dir>/caches")
     # Roles (roles/<name>/) this host takes; their defaults.yml hold the values below.
     roles: list[str] = Field(
         default_factory=lambda: ["preflight", "runtime", "service", "verify"]

@@ -9,7 +9,8 @@ release, ``status``/``packages``/``role_facts`` read, ``probe`` is one poll of a
 service (run on the service environment's python, where NVML is importable), ``stream``
 follows it instead (one JSON line per event, until stdin closes), ``smoke``
 one real completion, ``history`` the host's start records, ``logs`` the journal,
-``reach_listen``/``reach_connect`` a node group's rendezvous ports, head and workers. The
+``reach_listen``/``reach_connect`` a node group's rendezvous ports, head and workers,
+``cache_*`` a compile cache carried from one host to another (caches.py). The
 verbs share one set of helpers (common.py: systemctl show, HTTP, process tree); each
 verb family is its own module (facts, install, apply, roles, probe, stream, smoke,
 history, reach). Python 3.8+ on purpose: it runs on the host's own python3.
@@ -22,6 +23,7 @@ import sys
 from typing import Any, Dict, List
 
 from vigil.host.apply import apply, rollback, status
+from vigil.host.caches import cache_drop, cache_list, cache_pack, cache_read, cache_write
 from vigil.host.common import Json, _err
 from vigil.host.facts import facts
 from vigil.host.history import history, logs
@@ -35,7 +37,10 @@ from vigil.host.stream import stream_main
 VERBS: Dict[str, Any] = {"status": status, "facts": facts, "apply": apply, "rollback": rollback,
                          "packages": packages, "role_facts": role_facts, "probe": probe,
                          "smoke": smoke, "history": history, "logs": logs,
-                         "reach_listen": reach_listen, "reach_connect": reach_connect}
+                         "reach_listen": reach_listen, "reach_connect": reach_connect,
+                         "cache_list": cache_list, "cache_pack": cache_pack,
+                         "cache_read": cache_read, "cache_write": cache_write,
+                         "cache_drop": cache_drop}
 
 
 def main(argv: List[str], text: str) -> Json:

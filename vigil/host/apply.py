@@ -17,6 +17,7 @@ import stat
 import time
 from typing import Any, Callable, Dict, List, Optional
 
+from vigil.host.caches import seed
 from vigil.host.common import (
     O_NOFOLLOW,
     O_NONBLOCK,
@@ -222,6 +223,7 @@ APPLIERS: Dict[str, Applier] = {
     "restart": lambda a, p: _restart(a["unit"]),
     "systemctl": lambda a, p: _systemctl(a["args"]),
     "write_file": _write_file,
+    "seed_cache": seed,
 }
 
 

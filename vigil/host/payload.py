@@ -17,8 +17,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 # Dependency order: each part imports only from parts before it (a test keeps it so).
-PARTS = ("common", "files", "progress", "roles", "install", "facts", "apply", "probe", "stream",
-         "smoke", "history", "reach", "agent")
+PARTS = ("common", "files", "caches", "progress", "roles", "install", "facts", "apply",
+         "probe", "stream", "smoke", "history", "reach", "agent")
 OWN = "vigil.host"
 
 

@@ -69,6 +69,8 @@ from vigil.verify.report import Reporter
         "after_ready": "command run on this machine once a restarted host is proven ready",
         "html": "write the rollout's picture (hosts x time, batches, verdicts) to this file",
         "forks": "hosts worked on at once (default 32; a batch of --serial too)",
+        "seed": "seed compile caches from a ready start of the same key and keep this "
+        "run's (--no-seed: neither; inventory: cache_seed: false)",
     },
     iterable=["set_"],
 )
@@ -92,6 +94,7 @@ def deploy(
     after_ready: str | None = None,
     html: str | None = None,
     forks: int = deploy_mod.FORKS,
+    seed: bool = True,
 ) -> None:
     """Plan, apply, restart only what changed, and wait until the service serves."""
     from vigil.deploy import rollout
@@ -115,7 +118,7 @@ def deploy(
             opts = deploy_mod.Options(check=check, restart=restart, wait=not no_wait,
                                       reinstall=reinstall, kill_stale=kill_stale,
                                       watch=settings, state_dir=setting(c, "state_dir"),
-                                      forks=forks, hooks=hooks,
+                                      forks=forks, hooks=hooks, seed=seed,
                                       view=view if view.live else None)
             # one path whatever report flags are given: a plain deploy is a rollout of
             # one batch, with the same log, summary and exit code
@@ -153,7 +156,8 @@ def predict_restarts(targets: Sequence[Target], results: Sequence[HostResult],
         t = by_name.get(r.host)
         if t is None or r.error or not any(a.startswith("restart:") for a in r.actions):
             continue
-        out[r.host] = p = predict.before_restart(records, t)
+        seeded = any(a.startswith("seed_cache:") for a in r.actions)
+        out[r.host] = p = predict.before_restart(records, t, seeded=seeded)
         r.prediction = p.to_json()
         log(r.host, f"the restart: {p.line()}: {p.cache_why}")
     return out

@@ -749,6 +749,18 @@ def factors_of(*, argv: Sequence[str], env: Mapping[str, str], secret_names: Ite
     return out
 
 
+def hashed_inputs(argv: Sequence[str], env: Mapping[str, str],
+                  secret_names: Iterable[str] = ()) -> dict[str, Any]:
+    """The rendered flags and variables that enter vLLM's compile-cache key (those
+    ``differences`` marks hashed): two hosts that differ only in a port, a served name or
+    a secret compile the same graphs, so they share one seed."""
+    secret = set(secret_names)
+    flags = {k: v for k, v in _argv_map(argv).items() if k not in FLAGS_NOT_HASHED}
+    picked = {k: str(v) for k, v in sorted(env.items())
+              if FACTOR_ENV.match(k) and k not in NOT_HASHED and k not in secret}
+    return {"argv": flags, "env": picked}
+
+
 def _stack_map(stack: str) -> dict[str, str]:
     out: dict[str, str] = {}
     for part in stack.split(","):
@@ -794,17 +806,19 @@ def differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[st
     return out
 
 
-def reference(records: Iterable[Any], *, host: str, model: str, hardware: str,
+def reference(records: Iterable[Any], *, host: str | None, model: str, hardware: str,
               before: float | None = None) -> Any | None:
     """The start a new one's compile cache is compared with: the last ready start of the
-    same host, model and hardware that left a compile cache (it logged the cache's hash,
-    loaded or compiled), before `before`. Records are `budgets.HistoryRecord`s."""
+    same host (None: any host, for a cache seeded from another), model and hardware that
+    left a compile cache (it logged the cache's hash, loaded or compiled), before
+    `before`. Records are `budgets.HistoryRecord`s."""
     best = None
     for r in records:
         cc = from_record(getattr(r, "compile_cache", None))
         if cc is None or not cc.hashes or r.verdict not in ("ready", "slow"):
             continue
-        if r.host != host or r.key.model != model or r.key.hardware != hardware:
+        if (host is not None and r.host != host) or r.key.model != model \
+                or r.key.hardware != hardware:
             continue
         if before is not None and r.started_at >= before:
             continue

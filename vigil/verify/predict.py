@@ -229,16 +229,19 @@ def expected_cache(records: Iterable[HistoryRecord], *, host: str, model: str,
     if directory == "cold":
         return "cold", "the cache directory was empty at the start"
     prev = compile_cache.reference(records, host=host, model=model, hardware=hardware)
+    if prev is None and directory == "warm":  # a seeded cache: another host's start left it
+        prev = compile_cache.reference(records, host=None, model=model, hardware=hardware)
     cc = compile_cache.from_record(prev.compile_cache) if prev is not None else None
     if prev is None or cc is None:
         return "cold", "no ready start of this host left a compile cache"
     when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(prev.started_at))
+    whose = "its" if prev.host == host else f"{prev.host}'s"  # seeded from another host
     hashed = [d[1] for d in compile_cache.differences(cc.factors, factors) if d[2]]
     if hashed:
         more = f"; and {len(hashed) - SHOWN} more" if len(hashed) > SHOWN else ""
-        return "cold", f"a miss is expected: since its start of {when} UTC: " + \
+        return "cold", f"a miss is expected: since {whose} start of {when} UTC: " + \
             "; ".join(hashed[:SHOWN]) + more
-    return "warm", f"the cache of its start of {when} UTC matches"
+    return "warm", f"the cache of {whose} start of {when} UTC matches"
 
 
 def target_factors(t: Target, hardware: str, gpus: Sequence[str] = ()) -> dict[str, Any]:
@@ -270,14 +273,17 @@ def for_target(records: Sequence[HistoryRecord], t: Target, *, hardware: str,
     return replace(out, if_miss=cold)
 
 
-def before_restart(records: Sequence[HistoryRecord], t: Target) -> Prediction:
+def before_restart(records: Sequence[HistoryRecord], t: Target, *,
+                   seeded: bool = False) -> Prediction:
     """A planned restart of ``t`` (deploy --check), before the host is asked anything: the
     hardware from the inventory's GPUs or the host's own records, the cache state from
-    the rendered factors against the host's last cache."""
+    the rendered factors against the host's last cache (``seeded``: the plan seeds it
+    from another host's start)."""
     gpu = t.vars.gpu
     inventory = hardware_of(t.vars, None)[0] if gpu is not None and gpu.count > 0 else None
     return for_target(records, t, hardware=host_hardware(
-        records, host=t.name, model=t.profile.name, inventory=inventory))
+        records, host=t.name, model=t.profile.name, inventory=inventory),
+        directory="warm" if seeded else None)
 
 
 @dataclass(frozen=True)
