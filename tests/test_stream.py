@@ -16,7 +16,7 @@ from invoke.config import Config
 from invoke.context import Context
 
 from tests.agent_payload import agent
-from vigil.errors import ConfigError
+from vigil.errors import ConfigError, HostError
 from vigil.tasks.common import watch_settings
 from vigil.transport import remote
 from vigil.verify import reducer, replay, stream
@@ -221,6 +221,16 @@ def test_a_dropped_channel_resumes_from_the_last_cursor_without_repeats() -> Non
     assert req1["cursor"] == cur(0) and req2["cursor"] == cur(3)
     assert req1["api_key"] == "k"  # on stdin, never on the command line
     assert first.released and polls == [] and notes == [] and p.fallback is None
+
+
+def test_a_garbled_line_mid_stream_is_a_host_error_and_the_stream_goes_on() -> None:
+    # the watch counts a HostError as a failed probe and asks again (issue 20.7: one
+    # error tree, no ValueError beside it)
+    host = Host([Channel([HELLO, "Traceback (most recent call last):", snap_line(1, [1])])])
+    p = probe(host, [], [])
+    with pytest.raises(HostError, match=r"^lab5: stream line is not JSON"):
+        p(cur(0))
+    assert [x.text for x in p(cur(0)).journal.lines] == ["line 1"]
 
 
 def test_a_host_that_cannot_stream_is_polled_and_said_once() -> None:

@@ -216,6 +216,39 @@ def test_one_failed_probe_is_retried() -> None:
     assert state.verdict == "ready"
 
 
+class GarbledHost(RecordedHost):
+    """A host whose first probe replies are JSON but not a snapshot."""
+
+    def __init__(self, snaps: list[Snapshot], garbled: int) -> None:
+        super().__init__(snaps)
+        self.garbled = garbled
+
+    def run(self, command: str, *, stdin: str = "", timeout: float | None = None) -> Result:
+        if agent_verb(command) == "probe" and self.garbled:
+            self.garbled -= 1
+            self.round_trips += 1
+            return Result(json.dumps({"time": "soon"}) + "\n", "", 0)
+        return super().run(command, stdin=stdin, timeout=timeout)
+
+
+def test_a_reply_that_is_not_a_snapshot_is_a_host_error_the_watch_retries() -> None:
+    # one error tree (issue 20.7): a HostError naming the host and the bad field, no
+    # ValueError beside it
+    poller = watch.Poller(GarbledHost(lab_trace("lab-cold-ready.jsonl"), 1),
+                          watch.ProbeTarget("vllm", 8000, "vllm", "/c", "python3", "t"))
+    with pytest.raises(HostError, match=r"^lab5: not a vigil snapshot: time"):
+        poller.probe(None)
+    clock = FakeClock()
+    state = watch.watch(poller.probe, poller.smoke, Budgets(), poll_s=5.0, clock=clock,
+                        sleep=clock.sleep)
+    assert state.verdict == "ready"
+    lost = watch.Poller(GarbledHost(lab_trace("lab-cold-ready.jsonl"), 5),
+                        watch.ProbeTarget("vllm", 8000, "vllm", "/c", "python3", "t"))
+    with pytest.raises(HostError, match="3 probes in a row failed: lab5: not a vigil snapshot"):
+        watch.watch(lost.probe, lost.smoke, Budgets(), poll_s=5.0, clock=clock,
+                    sleep=clock.sleep, max_failures=3, host="lab5")
+
+
 def test_probe_request_carries_the_cursor_on_stdin_and_prefers_the_service_python() -> None:
     t = watch.ProbeTarget("vllm", 8000, "vllm", "/var/cache/vigil/vllm",
                           "/opt/vigil/envs/current/bin/python", "tiny", api_key="sk-1")

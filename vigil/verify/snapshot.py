@@ -13,6 +13,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from vigil.errors import HostError
+
 
 class _Value(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
@@ -170,6 +172,15 @@ class Snapshot(_Value):
             return cls.model_validate(data)
         except ValidationError as exc:
             raise ValueError(f"not a vigil snapshot: {_first_error(exc)}") from exc
+
+    @classmethod
+    def from_reply(cls, host: str, data: dict[str, Any]) -> Snapshot:
+        """A host's probe reply (a poll's or the stream's); a HostError when it is not a
+        snapshot, so the watch meets one error tree, not ValueError beside it."""
+        try:
+            return cls.from_dict(data)
+        except ValueError as exc:
+            raise HostError(host, str(exc)) from None
 
 
 def _first_error(exc: ValidationError) -> str:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from vigil.errors import VigilError
+from vigil.errors import HostError, VigilError
 from vigil.transport.base import Held, Transport
 from vigil.transport.remote import agent_command, agent_stdin
 from vigil.verify.snapshot import Snapshot
@@ -221,7 +221,10 @@ class StreamProbe:
                     continue
             assert self.held is not None
             line = self.held.readline(SILENCE_S)
-            event = parse_line(line) if line else None
+            try:
+                event = parse_line(line) if line else None
+            except ValueError as exc:  # the watch counts it as a failed probe
+                raise HostError(self.transport.name, str(exc)) from None
             if event is None or isinstance(event, StreamError):
                 why = (f"no line for {SILENCE_S:g} s" if line is None else
                        "the channel closed" if event is None else event.error)
@@ -231,7 +234,7 @@ class StreamProbe:
             if isinstance(event, RawSnap):
                 data, self.resume = self.resume.accept(event.data)
                 self.reconnects = 0
-                return Snapshot.from_dict(data)
+                return Snapshot.from_reply(self.transport.name, data)
 
     def _retry(self, why: str) -> bool:
         """The channel dropped: close it, so the next read reopens it from the last

@@ -123,7 +123,7 @@ class Poller:
                              timeout=self.settings.probe_timeout_s, python=self.target.python)
         finally:
             self.probe_s.append(time.monotonic() - t0)
-        return Snapshot.from_dict(data)
+        return Snapshot.from_reply(self.transport.name, data)
 
     def smoke(self) -> Smoke:
         t = self.target
@@ -192,7 +192,7 @@ def watch(
             try:
                 snap = probe(cursor)
                 failures = 0
-            except (ValueError, HostError) as exc:
+            except HostError as exc:
                 failures += 1
                 if failures >= max_failures:
                     raise HostError(host, f"{failures} probes in a row failed: {exc}",
@@ -469,9 +469,6 @@ def _verify_on(t: Target, transport: Transport, settings: Settings, state_dir: P
     except VigilError as exc:
         out.error = str(exc)
         out.exit_code = int(exc.exit_code)
-    except ValueError as exc:  # the probe's output was not a snapshot
-        out.error = f"{t.name}: {exc}"
-        out.exit_code = int(ExitCode.FAILED)
 
 
 def _prediction(t: Target, key: BudgetKey, first: Snapshot,
@@ -549,7 +546,7 @@ def watch_service(
                       sleep=sleep)
     except VigilError as exc:
         out.error, out.exit_code = str(exc), int(exc.exit_code)
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         out.error, out.exit_code = f"{name}: {exc}", int(ExitCode.FAILED)
     out.probe_s = list(poller.probe_s)
     out.seconds = round(clock() - t_start, 2)
