@@ -3,6 +3,7 @@ rule, drain hooks run as real processes, and the JSON/JUnit recap."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -10,6 +11,7 @@ import signal
 import sys
 import threading
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,7 +25,9 @@ from vigil.desired import targets as targets_mod
 from vigil.desired.targets import Target
 from vigil.errors import ConfigError, HostError
 from vigil.exitcodes import ExitCode
-from vigil.report import HostResult, Log
+from vigil.report import HostResult, HostStatus, Log
+from vigil.verify.reducer import Verdict, WatchState
+from vigil.verify.watch import Outcome
 
 HOSTS = [f"h{i:02d}" for i in range(1, 33)]
 
@@ -108,8 +112,9 @@ class Recorder:
     def __call__(self, t: Target) -> HostResult:
         with self.lock:
             self.events.append(("start", t.name))
-        status = "failed" if t.name in self.failing else "changed"
-        res = HostResult(t.name, status, error="verify: crashed" if status == "failed" else None,
+        status = HostStatus.FAILED if t.name in self.failing else HostStatus.CHANGED
+        res = HostResult(t.name, status,
+                         error="verify: crashed" if status == HostStatus.FAILED else None,
                          actions=["backup: keep", "restart: env changed"] if self.changed else [],
                          restarted=self.changed)
         with self.lock:
@@ -138,7 +143,7 @@ def test_past_the_budget_stops_and_later_hosts_are_untouched(tmp_path: Path) -> 
 
     def rollback_one(t: Target) -> HostResult:
         rolled.append(t.name)
-        return HostResult(t.name, "rolled_back")
+        return HostResult(t.name, HostStatus.ROLLED_BACK)
 
     ro = rollout.roll(_targets(tmp_path, names), batches, rollout.Budget(), rec, Log(),
                       rollback_one=rollback_one)
@@ -163,12 +168,38 @@ def test_a_host_that_failed_before_its_restart_is_not_rolled_back(tmp_path: Path
 
     def rollback_one(t: Target) -> HostResult:
         rolled.append(t.name)
-        return HostResult(t.name, "rolled_back")
+        return HostResult(t.name, HostStatus.ROLLED_BACK)
 
     ro = rollout.roll(_targets(tmp_path, names), [names], rollout.Budget(),
                       Recorder({"h01"}, changed=False), Log(), rollback_one=rollback_one)
     assert rolled == []  # its release was never replaced: an older one must not come back
-    assert [r.status for r in ro.rolled_back] == ["skipped"]
+    assert [r.status for r in ro.rolled_back] == [HostStatus.SKIPPED]
+    assert type(ro.rolled_back[0].status) is HostStatus  # the member, not a lookalike string
+
+
+def test_rollback_host_writes_rolled_back_when_the_old_release_serves_and_failed_if_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    t = _targets(tmp_path, HOSTS[:1])[0]
+    verdicts = iter([Verdict.READY, Verdict.CRASHED])
+
+    @contextlib.contextmanager
+    def connect(name: str, hv: object) -> Iterator[object]:
+        yield object()
+
+    def restore(*args: object, **kwargs: object) -> Outcome:
+        return Outcome(t.name, state=WatchState(verdict=next(verdicts), main_pid=7))
+
+    monkeypatch.setattr(rollout, "connect", connect)
+    monkeypatch.setattr(rollout.service, "rollback", restore)
+    settings = rollout.WatchSettings()
+    ok = rollout.rollback_host(t, settings, tmp_path, Log())
+    assert type(ok.status) is HostStatus and ok.status is HostStatus.ROLLED_BACK
+    assert ok.verdict is Verdict.READY and ok.main_pid == 7 and ok.error is None
+    bad = rollout.rollback_host(t, settings, tmp_path, Log())
+    assert bad.status is HostStatus.FAILED and "after rollback: crashed" in (bad.error or "")
+    # the JSON holds the plain strings the enums stand for
+    text = json.dumps(dataclasses.asdict(ok))
+    assert '"status": "rolled_back"' in text and '"verdict": "ready"' in text
 
 
 # -- hooks -----------------------------------------------------------------------------
@@ -225,7 +256,7 @@ def test_json_and_junit_recap(tmp_path: Path) -> None:
     names = HOSTS[:8]
     ro = rollout.roll(_targets(tmp_path, names), rollout.plan_batches(names, "1,25%"),
                       rollout.Budget(), Recorder({"h03"}), Log(),
-                      rollback_one=lambda t: HostResult(t.name, "rolled_back"))
+                      rollback_one=lambda t: HostResult(t.name, HostStatus.ROLLED_BACK))
     data = rollout.rollout_json(ro)
     json.dumps(data)  # JSON-able as is
     assert data["exit_code"] == 7 and data["stopped"]
@@ -234,6 +265,7 @@ def test_json_and_junit_recap(tmp_path: Path) -> None:
     assert [b["hosts"] for b in data["batches"]] == [["h01"], ["h02", "h03"]]
     assert data["hosts"]["h03"]["batch"] == 2
     assert data["rolled_back"]["h03"]["status"] == "rolled_back"
+    assert '"status": "rolled_back"' in json.dumps(data["rolled_back"])  # the plain value
 
     root = ET.fromstring(rollout.junit_xml(ro))
     cases = root.findall(".//testcase")
@@ -266,7 +298,8 @@ def test_the_rollout_picture_has_a_row_per_host(tmp_path: Path) -> None:
     names = HOSTS[:8]
     ro = rollout.roll(_targets(tmp_path, names), rollout.plan_batches(names, "1,25%"),
                       rollout.Budget(), Recorder({"h03"}), Log(),
-                      rollback_one=lambda t: HostResult(t.name, "rolled_back", seconds=2.0))
+                      rollback_one=lambda t: HostResult(t.name, HostStatus.ROLLED_BACK,
+                                                        seconds=2.0))
     svg = ET.fromstring(rollout_html.rollout_svg(ro))  # well-formed
     labels = [t.text for t in svg.iter("{http://www.w3.org/2000/svg}text")]
     assert [h for h in names if h in labels] == names

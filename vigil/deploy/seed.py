@@ -32,6 +32,7 @@ from vigil.transport.base import Transport
 from vigil.transport.remote import call
 from vigil.verify import compile_cache, history
 from vigil.verify.compile_cache import CompileCache
+from vigil.verify.reducer import Verdict
 
 CHUNK = 8 * 1024 * 1024  # bytes per round trip (base64 on the agent's stdin or stdout)
 SEED_DIR = "/var/lib/vigil/seed"  # the host side's (vigil/host/caches.py)
@@ -149,7 +150,7 @@ HARVESTED = ("miss", "partial", "hit")
 def should_harvest(cc: CompileCache | None, verdict: str | None, kept: Manifest | None) -> bool:
     """A ready start that compiled replaces what is kept (a clean compile ends a
     quarantine); one that loaded its cache is kept only when nothing good is."""
-    if cc is None or verdict != "ready" or cc.state not in HARVESTED:
+    if cc is None or verdict != Verdict.READY or cc.state not in HARVESTED:
         return False
     return cc.state != "hit" or kept is None or bool(kept.bad)
 
@@ -167,7 +168,7 @@ def result_line(res: Mapping[str, Any]) -> str:
 def crashed_on_seed(verdict: str | None, phase: str, cc: CompileCache | None) -> bool:
     """A seeded start that crashed while its compile cache was being read: in the compile
     phase, or after vLLM said it loaded from the cache."""
-    return verdict == "crashed" and (
+    return verdict == Verdict.CRASHED and (
         phase == "compiling" or (cc is not None and cc.state in ("hit", "partial")))
 
 

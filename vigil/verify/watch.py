@@ -254,7 +254,7 @@ class Outcome:
     prediction: predict.Prediction | None = None  # of this start, from history before it
 
     @property
-    def verdict(self) -> str | None:
+    def verdict(self) -> reducer.Verdict | None:
         return self.state.verdict if self.state is not None else None
 
 
