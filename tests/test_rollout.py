@@ -83,7 +83,7 @@ def test_budget(text: str | None, size: int, allowed: int) -> None:
     assert rollout.over_budget(allowed + 1, size, budget)
 
 
-@pytest.mark.parametrize("bad", ["-1", "x", "101%", "1.5"])
+@pytest.mark.parametrize("bad", ["-1", "x", "101%", "1.5", "nan%", "-5%", "inf%", "nan"])
 def test_bad_budget(bad: str) -> None:
     with pytest.raises(ConfigError, match="--max-fail"):
         rollout.parse_budget(bad)

@@ -142,19 +142,18 @@ def parse_budget(text: str | None) -> Budget:
     if text is None or not str(text).strip():
         return Budget()
     item = str(text).strip()
-    try:
-        if item.endswith("%"):
-            pct = float(item[:-1])
-            if not (0 <= pct <= 100) or math.isnan(pct):
-                raise ValueError
-            return Budget(count=None, percent=pct)
-        count = int(item)
-        if count < 0:
-            raise ValueError
-        return Budget(count=count)
+    bad = ConfigError(f"{item!r}: not a count (0, 1, ...) or a percentage (0%..100%)",
+                      key="--max-fail", fix="e.g. --max-fail 1 or --max-fail 10%")
+    percent = item.endswith("%")
+    try:  # int() and float() say ValueError; the user hears the ConfigError
+        value = float(item[:-1]) if percent else int(item)
     except ValueError:
-        raise ConfigError(f"{item!r}: not a count (0, 1, ...) or a percentage (0%..100%)",
-                          key="--max-fail", fix="e.g. --max-fail 1 or --max-fail 10%") from None
+        raise bad from None
+    if percent and 0 <= value <= 100:  # NaN compares false: refused
+        return Budget(count=None, percent=value)
+    if not percent and value >= 0:
+        return Budget(count=int(value))
+    raise bad
 
 
 def over_budget(failed: int, batch_size: int, budget: Budget) -> bool:
