@@ -774,7 +774,7 @@ def causes_page() -> str:
     lines = [
         BANNER, "# Causes and verdicts", "",
         "## Verdicts", "",
-        "verify ends each host with one verdict (`VERDICTS` in vigil/verify/reducer/state.py); "
+        "verify ends each host with one verdict (the `Verdict` enum in vigil/verify/reducer/state.py); "
         "the task's exit code follows it ([exit codes](exit-codes.md)):", "",
         "| verdict | exit code |", "|---|---|",
     ]
