@@ -775,7 +775,8 @@ def causes_page() -> str:
         BANNER, "# Causes and verdicts", "",
         "## Verdicts", "",
         "verify ends each host with one verdict (the `Verdict` enum in "
-        "vigil/verify/reducer/state.py); the task's exit code follows it ([exit codes](exit-codes.md)):", "",
+        "vigil/verify/reducer/state.py); the task's exit code follows it "
+        "([exit codes](exit-codes.md)):", "",
         "| verdict | exit code |", "|---|---|",
     ]
     for v in reducer.VERDICTS:
