@@ -217,7 +217,7 @@ def plan_seed_step(transport: Transport, t: Target, plan: Plan, store: seed.Stor
     if m is None or m.bad:
         return plan
     step = seed.plan_seed(m, seed.present(transport, t), root=t.rendered.paths.cache,
-                          user=t.vars.service_user)
+                          tmp=seed.tmp_root(t), user=t.vars.service_user)
     if step is None:
         return plan
     at = next(i for i, a in enumerate(plan.actions) if a.kind == ActionKind.RESTART)

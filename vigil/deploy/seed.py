@@ -35,7 +35,6 @@ from vigil.verify.compile_cache import CompileCache
 from vigil.verify.reducer import Verdict
 
 CHUNK = 8 * 1024 * 1024  # bytes per round trip (base64 on the agent's stdin or stdout)
-SEED_DIR = "/var/lib/vigil/seed"  # the host side's (vigil/host/caches.py)
 
 
 # -- the key and the manifest (pure) --------------------------------------------------
@@ -59,36 +58,59 @@ def key_of(fields: Mapping[str, str]) -> str:
 
 
 @dataclass(frozen=True)
+class Part:
+    """One entry of a kept cache, packed on its own (a host gets only what it lacks)."""
+
+    entry: str  # cache-root-relative hash directory, or _tmp/precompiled_headers
+    sha256: str
+    bytes: int  # the blob's
+    files: int
+    bytes_raw: int = 0  # the entry's on its host (a harvest's test for "unchanged")
+
+    @property
+    def blob(self) -> str:
+        return f"{self.sha256}.tar.gz"
+
+    @property
+    def short(self) -> str:
+        return self.entry.rsplit("/", 1)[1][:10]
+
+
+def _sha(value: object) -> str:
+    sha = str(value)
+    if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
+        raise ValueError(f"sha256 {sha!r} is not a sha256")
+    return sha
+
+
+@dataclass(frozen=True)
 class Manifest:
-    """One kept cache: whose ready start left it, its blob's checksum, its entries."""
+    """One kept cache: whose ready start left it and its parts, each with a checksum."""
 
     key: str
     fields: Mapping[str, str]
     source: str  # the host whose ready start it is
     started_at: float  # that start's epoch s
-    sha256: str
-    bytes: int
-    files: int
-    entries: tuple[str, ...]  # cache-root-relative hash directories
+    parts: tuple[Part, ...]
     compile_s: float | None = None  # the source start's compile (or load) seconds
     state: str = "miss"  # its compile cache: miss (it compiled), partial, hit (it loaded)
     bad: str = ""  # why it is quarantined (never seeded while set)
     bad_at: float | None = None
 
     @property
-    def blob(self) -> str:
-        return f"{self.sha256}.tar.gz"
+    def bytes(self) -> int:
+        return sum(p.bytes for p in self.parts)
 
     def describe(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M", time.gmtime(self.started_at))
         verb = "loaded" if self.state == "hit" else "compiled"
         secs = f", {verb} in {self.compile_s:.1f} s" if self.compile_s is not None else ""
         return (f"{self.source}'s ready start {when} UTC{secs} ({self.bytes / 1e6:.1f} MB, "
-                f"{self.files} files, sha256 {self.sha256[:12]})")
+                f"{sum(p.files for p in self.parts)} files)")
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        out["fields"], out["entries"] = dict(self.fields), list(self.entries)
+        out["fields"], out["parts"] = dict(self.fields), [asdict(p) for p in self.parts]
         return out
 
     @classmethod
@@ -97,50 +119,61 @@ class Manifest:
             return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) \
                 else None
 
-        entries = data["entries"]
-        if not isinstance(entries, list) or not all(isinstance(e, str) for e in entries):
-            raise ValueError("entries is not a list of paths")
-        sha = str(data["sha256"])
-        if len(sha) != 64 or any(c not in "0123456789abcdef" for c in sha):
-            raise ValueError(f"sha256 {sha!r} is not a sha256")
+        parts = data["parts"]
+        if not isinstance(parts, list):
+            raise ValueError("parts is not a list")
         return cls(key=str(data["key"]), fields={str(k): str(v) for k, v in
                                                  dict(data["fields"]).items()},
                    source=str(data["source"]), started_at=float(data["started_at"]),
-                   sha256=sha, bytes=int(data["bytes"]), files=int(data["files"]),
-                   entries=tuple(entries), compile_s=num(data.get("compile_s")),
+                   parts=tuple(Part(entry=str(p["entry"]), sha256=_sha(p["sha256"]),
+                                    bytes=int(p["bytes"]), files=int(p["files"]),
+                                    bytes_raw=int(p.get("bytes_raw") or 0))
+                               for p in parts),
+                   compile_s=num(data.get("compile_s")),
                    state=str(data.get("state") or "miss"), bad=str(data.get("bad") or ""),
                    bad_at=num(data.get("bad_at")))
 
 
-def plan_seed(m: Manifest | None, present: Sequence[str], *, root: str,
+def tmp_root(t: Target) -> str:
+    """Where torch keeps what TORCHINDUCTOR_CACHE_DIR does not move (the header)."""
+    return f"/tmp/torchinductor_{t.vars.service_user}"
+
+
+def plan_seed(m: Manifest | None, present: Sequence[str], *, root: str, tmp: str,
               user: str) -> Action | None:
-    """The plan's seed step: the kept cache of this key when the host lacks any of its
-    entries (None: nothing kept, quarantined, or the host has them all)."""
+    """The plan's seed step: the parts of this key's kept cache that the host lacks
+    (None: nothing kept, quarantined, or the host has every entry)."""
     if m is None or m.bad:
         return None
-    missing = [e for e in m.entries if e not in set(present)]
+    missing = [p for p in m.parts if p.entry not in set(present)]
     if not missing:
         return None
-    shown = ", ".join(e.rsplit("/", 1)[1][:10] for e in missing)
-    return Action(ActionKind.SEED_CACHE, f"compile cache of {m.describe()}; this host lacks "
-                  f"{shown} (--no-seed compiles here instead)",
-                  {"root": root, "blob": m.blob, "sha256": m.sha256, "key": m.key,
-                   "entries": list(m.entries), "user": user, "source": m.source})
+    size = sum(p.bytes for p in missing) / 1e6
+    return Action(ActionKind.SEED_CACHE, f"compile cache of {m.describe()}: "
+                  f"{', '.join(p.short for p in missing)} ({size:.1f} MB) that this host "
+                  "lacks (--no-seed compiles here instead)",
+                  {"root": root, "tmp_root": tmp, "user": user, "key": m.key,
+                   "source": m.source,
+                   "blobs": [{"entry": p.entry, "blob": p.blob, "sha256": p.sha256}
+                             for p in missing]})
 
 
 def harvest_entries(entries: Sequence[Mapping[str, Any]], cc: CompileCache,
                     started_at: float) -> list[str]:
     """The entries a ready start used: those of the hashes vLLM logged (its cache
-    directory's 10 characters, the AOT artefact's 64), else the ones it wrote."""
+    directory's 10 characters, the AOT artefact's 64), else the ones it wrote; and the
+    precompiled header when there is one."""
     names = [str(e["path"]) for e in entries]
-    if cc.hashes:
-        hashes = tuple(h for h in cc.hashes if h)
-        used = [n for n in names if n.rsplit("/", 1)[1].startswith(hashes)
-                or any(h.startswith(n.rsplit("/", 1)[1]) for h in hashes)]
-        if used:
-            return used
-    return [str(e["path"]) for e in entries
-            if isinstance(e.get("newest"), (int, float)) and e["newest"] >= started_at]
+    tmp = [n for n in names if n.startswith("_tmp/")]
+    hashed = [n for n in names if n not in tmp]
+    hashes = tuple(h for h in cc.hashes if h)
+    used = [n for n in hashed if hashes and (n.rsplit("/", 1)[1].startswith(hashes)
+                                             or any(h.startswith(n.rsplit("/", 1)[1])
+                                                    for h in hashes))]
+    if not used:
+        used = [str(e["path"]) for e in entries if str(e["path"]) in hashed
+                and isinstance(e.get("newest"), (int, float)) and e["newest"] >= started_at]
+    return used + tmp if used else []
 
 
 # Cache states whose start proves the cache it left: compiled (or partly) and served.
@@ -155,14 +188,25 @@ def should_harvest(cc: CompileCache | None, verdict: str | None, kept: Manifest 
     return cc.state != "hit" or kept is None or bool(kept.bad)
 
 
+def unchanged(listed: Mapping[str, Any], kept: Manifest | None) -> Part | None:
+    """The kept part of an entry the host still holds as it was (same files and bytes):
+    a harvest reuses it instead of packing and carrying it again."""
+    if kept is None or kept.bad:
+        return None
+    return next((p for p in kept.parts if p.entry == listed.get("path")
+                 and p.files == listed.get("files") and p.bytes_raw == listed.get("bytes")),
+                None)
+
+
 def result_line(res: Mapping[str, Any]) -> str:
     """The deploy's line for the host's seed_cache result."""
-    if res.get("warning"):
-        return f"compile cache: not seeded: {res['warning']}; the start compiles"
     seeded = [str(e).rsplit("/", 1)[1][:10] for e in res.get("seeded") or []]
     kept = res.get("kept") or []
-    return (f"compile cache: seeded {', '.join(seeded) or 'nothing'}"
+    line = (f"compile cache: seeded {', '.join(seeded) or 'nothing'}"
             + (f" ({len(kept)} entry(ies) the host had, left as they were)" if kept else ""))
+    if res.get("warning"):
+        line += f"; not seeded: {res['warning']} (the start compiles those)"
+    return line
 
 
 def crashed_on_seed(verdict: str | None, phase: str, cc: CompileCache | None) -> bool:
@@ -177,7 +221,7 @@ def crashed_on_seed(verdict: str | None, phase: str, cc: CompileCache | None) ->
 
 @dataclass
 class Store:
-    """Kept caches: ``ROOT/KEY/manifest.json`` beside ``ROOT/KEY/SHA.tar.gz``."""
+    """Kept caches: ``ROOT/KEY/manifest.json`` beside one ``ROOT/KEY/SHA.tar.gz`` per part."""
 
     root: Path
     warnings: list[str] = field(default_factory=list)
@@ -194,23 +238,27 @@ class Store:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             self.warnings.append(f"{path}: ignored ({exc}); the next ready start replaces it")
             return None
-        if not (self._dir(key) / m.blob).is_file():
-            self.warnings.append(f"{path}: its blob {m.blob} is gone; ignored")
+        gone = [p.blob for p in m.parts if not self.blob(m.key, p).is_file()]
+        if gone:
+            self.warnings.append(f"{path}: its blob {gone[0]} is gone; ignored")
             return None
         return m
 
-    def blob(self, m: Manifest) -> Path:
-        return self._dir(m.key) / m.blob
+    def blob(self, key: str, part: Part) -> Path:
+        return self._dir(key) / part.blob
 
-    def put(self, m: Manifest, blob: Path) -> None:
-        """Keep a new cache for its key (the blob moved in first, then the manifest, each
-        by rename: a reader sees the old cache or the new one, never half)."""
+    def put(self, m: Manifest, blobs: Mapping[str, Path]) -> None:
+        """Keep a new cache for its key: new blobs (by sha256) moved in first, then the
+        manifest, each by rename (a reader sees the old cache or the new one, never
+        half); blobs no part names go."""
         d = self._dir(m.key)
         d.mkdir(parents=True, exist_ok=True)
-        os.replace(blob, d / m.blob)
+        for sha, path in blobs.items():
+            os.replace(path, d / f"{sha}.tar.gz")
         self._write(m)
+        names = {p.blob for p in m.parts}
         for old in d.glob("*.tar.gz"):
-            if old.name != m.blob:
+            if old.name not in names:
                 old.unlink(missing_ok=True)
 
     def quarantine(self, m: Manifest, why: str, now: float) -> Manifest:
@@ -236,87 +284,102 @@ def store_for(t: Target, state_dir: Path) -> Store:
 Say = Callable[[str], None]
 
 
-def _agent(transport: Transport, t: Target, verb: str, req: dict[str, Any],
-           timeout: float = 600) -> dict[str, Any]:
-    reply = call(transport, t.vars, verb, req, timeout=timeout)
-    return reply
+def _roots(t: Target) -> dict[str, str]:
+    return {"root": t.rendered.paths.cache, "tmp_root": tmp_root(t)}
+
+
+def listing(transport: Transport, t: Target) -> list[dict[str, Any]]:
+    """The host's seedable entries, with their files and bytes (one round trip)."""
+    reply = call(transport, t.vars, "cache_list", _roots(t), timeout=120)
+    return [dict(e) for e in reply.get("entries") or [] if isinstance(e, dict)]
 
 
 def present(transport: Transport, t: Target) -> list[str]:
-    """The host's cache entries (one round trip)."""
-    reply = _agent(transport, t, "cache_list", {"root": t.rendered.paths.cache}, timeout=120)
-    return [str(e["path"]) for e in reply.get("entries") or []]
+    return [str(e["path"]) for e in listing(transport, t)]
 
 
 def upload(transport: Transport, t: Target, store: Store, action: Action, say: Say) -> None:
-    """Send the kept blob to the host in chunks; the plan's seed_cache step checks its
-    sha256 and unpacks it in its turn."""
-    m = store.get(store_key(action))
-    if m is None:
-        raise HostError(t.name, f"the kept cache {action.payload['blob']} went away before "
-                        "its upload", fix="deploy again (or --no-seed)")
-    path = store.blob(m)
-    sent = 0
-    t0 = time.monotonic()
-    with path.open("rb") as fh:
-        while True:
-            data = fh.read(CHUNK)
-            if not data and sent:
-                break
-            _agent(transport, t, "cache_write", {
-                "blob": m.blob, "offset": sent, "data": base64.b64encode(data).decode()})
-            sent += len(data)
-            if len(data) < CHUNK:
-                break
+    """Send the kept blobs the host lacks, in chunks; the plan's seed_cache step checks
+    each one's sha256 and unpacks it in its turn."""
+    key = str(action.payload["key"])
+    sent, t0 = 0, time.monotonic()
+    for part in action.payload["blobs"]:
+        path = store.root / key / str(part["blob"])
+        if not path.is_file():
+            raise HostError(t.name, f"the kept cache's {part['blob']} went away before its "
+                            "upload", fix="deploy again (or --no-seed)")
+        offset = 0
+        with path.open("rb") as fh:
+            while True:
+                data = fh.read(CHUNK)
+                call(transport, t.vars, "cache_write", {
+                    "blob": part["blob"], "offset": offset,
+                    "data": base64.b64encode(data).decode()}, timeout=600)
+                offset += len(data)
+                if len(data) < CHUNK:
+                    break
+        sent += offset
     say(f"compile cache: {sent / 1e6:.1f} MB sent for seeding in "
         f"{time.monotonic() - t0:.1f} s")
 
 
-def store_key(action: Action) -> str:
-    return str(action.payload["key"])
+def _fetch(transport: Transport, t: Target, packed: Mapping[str, Any], into: Path) -> None:
+    """Bring one packed blob here in chunks and check its sha256 and size."""
+    digest, offset, size = hashlib.sha256(), 0, int(packed["bytes"])
+    with into.open("wb") as fh:
+        while offset < size:
+            reply = call(transport, t.vars, "cache_read",
+                         {"blob": packed["blob"], "offset": offset, "size": CHUNK}, timeout=600)
+            data = base64.b64decode(str(reply["data"]))
+            if not data:
+                break
+            fh.write(data)
+            digest.update(data)
+            offset += len(data)
+    if digest.hexdigest() != packed["sha256"] or offset != size:
+        raise HostError(t.name, f"the packed {packed['entry']} came back as {offset} bytes "
+                        f"with sha256 {digest.hexdigest()[:12]}, not {size} bytes with "
+                        f"{str(packed['sha256'])[:12]}", fix="deploy again")
 
 
 def harvest(transport: Transport, t: Target, store: Store, cc: CompileCache,
-            started_at: float, say: Say) -> Manifest | None:
-    """Keep the cache a ready start used: pack its entries on the host, bring the blob
-    here in chunks, check its sha256, and keep it for the key."""
+            started_at: float, kept: Manifest | None, say: Say) -> Manifest | None:
+    """Keep the cache a ready start used: each entry the kept cache lacks (or holds in
+    another state) packed on the host, brought here in chunks and checked; the rest of
+    the kept parts reused."""
     fields = key_fields(t)
-    root = t.rendered.paths.cache
-    listed = _agent(transport, t, "cache_list", {"root": root}, timeout=120)
-    chosen = harvest_entries(listed.get("entries") or [], cc, started_at)
+    listed = {str(e["path"]): e for e in listing(transport, t)}
+    chosen = harvest_entries(list(listed.values()), cc, started_at)
     if not chosen:
         say("compile cache: nothing to keep (no entry of the hash vLLM logged)")
         return None
-    packed = _agent(transport, t, "cache_pack", {"root": root, "entries": chosen},
-                    timeout=1800)
-    blob, size = str(packed["blob"]), int(packed["bytes"])
+    reused = {e: p for e in chosen if (p := unchanged(listed[e], kept)) is not None}
+    fresh = [e for e in chosen if e not in reused]
+    parts: dict[str, Part] = dict(reused)
+    blobs: dict[str, Path] = {}
     store.root.mkdir(parents=True, exist_ok=True)
-    tmp = store.root / f".incoming-{os.urandom(6).hex()}"
-    digest = hashlib.sha256()
+    packed = call(transport, t.vars, "cache_pack", {**_roots(t), "entries": fresh},
+                  timeout=1800)["blobs"] if fresh else []
     try:
-        with tmp.open("wb") as fh:
-            offset = 0
-            while offset < size:
-                reply = _agent(transport, t, "cache_read",
-                               {"blob": blob, "offset": offset, "size": CHUNK})
-                data = base64.b64decode(str(reply["data"]))
-                if not data:
-                    break
-                fh.write(data)
-                digest.update(data)
-                offset += len(data)
-        if digest.hexdigest() != packed["sha256"] or offset != size:
-            raise HostError(t.name, f"the packed compile cache came back as {offset} bytes "
-                            f"with sha256 {digest.hexdigest()[:12]}, not {size} bytes with "
-                            f"{str(packed['sha256'])[:12]}", fix="deploy again")
+        for p in packed:
+            into = store.root / f".incoming-{os.urandom(6).hex()}"
+            blobs[str(p["sha256"])] = into
+            _fetch(transport, t, p, into)
+            parts[str(p["entry"])] = Part(entry=str(p["entry"]), sha256=str(p["sha256"]),
+                                          bytes=int(p["bytes"]), files=int(p["files"]),
+                                          bytes_raw=int(listed[str(p["entry"])]["bytes"]))
         m = Manifest(key=key_of(fields), fields=fields, source=t.name, started_at=started_at,
-                     sha256=digest.hexdigest(), bytes=size, files=int(packed["files"]),
-                     entries=tuple(chosen), compile_s=cc.seconds, state=cc.state)
-        store.put(m, tmp)
+                     parts=tuple(parts[e] for e in chosen if e in parts),
+                     compile_s=cc.seconds, state=cc.state)
+        store.put(m, blobs)
     finally:
-        tmp.unlink(missing_ok=True)
-        _agent(transport, t, "cache_read", {"blob": blob, "done": True})
-    say(f"compile cache kept for this key: {m.describe()}")
+        for path in blobs.values():
+            path.unlink(missing_ok=True)
+        for p in packed:
+            call(transport, t.vars, "cache_read", {"blob": p["blob"], "done": True})
+    carried = sum(p.bytes for p in m.parts if p.entry in fresh) / 1e6
+    say(f"compile cache kept for this key: {m.describe()}; {carried:.1f} MB carried"
+        + (f", {len(reused)} part(s) unchanged" if reused else ""))
     return m
 
 
@@ -327,8 +390,7 @@ def quarantine(transport: Transport, t: Target, store: Store, m: Manifest, seede
     store.quarantine(m, why, time.time())
     dropped: list[str] = []
     try:
-        reply = _agent(transport, t, "cache_drop", {"root": t.rendered.paths.cache,
-                                                    "entries": seeded})
+        reply = call(transport, t.vars, "cache_drop", {**_roots(t), "entries": seeded})
         dropped = [str(d) for d in reply.get("dropped") or []]
     except HostError as exc:
         say(f"compile cache: dropping the seeded entries failed: {exc}")
@@ -343,7 +405,7 @@ def after_start(transport: Transport, t: Target, store: Store, outcome: Any,
     st, cc = outcome.state, outcome.compile_cache
     try:
         if sown is not None and seeded and crashed_on_seed(st.verdict, st.phase, cc):
-            m = store.get(store_key(sown))
+            m = store.get(str(sown.payload["key"]))
             if m is not None:
                 why = (f"{t.name}'s start crashed in {st.phase} after the seed: "
                        f"{st.cause or 'unknown'}")
@@ -354,6 +416,6 @@ def after_start(transport: Transport, t: Target, store: Store, outcome: Any,
         kept = store.get(key_of(key_fields(t)))
         if st.started_at is not None and should_harvest(cc, st.verdict, kept):
             assert cc is not None
-            harvest(transport, t, store, cc, st.started_at, say)
+            harvest(transport, t, store, cc, st.started_at, kept, say)
     except (HostError, OSError) as exc:
         say(f"compile cache: not kept ({exc})")

@@ -1,12 +1,13 @@
 """Compile caches between hosts: list a service's cache entries, pack the ones a ready
-start wrote, take a packed cache in chunks, seed it, drop a quarantined one.
+start used (a blob per entry), take blobs in chunks, seed them, drop a quarantined one.
 
 An entry is one directory vLLM keys by its own hash: ``torch_compile_cache/<hash10>``
 (the piecewise backend's graphs with inductor's and Triton's caches beneath) and the AOT
 artefact ``torch_compile_cache/torch_aot_compile/<hash64>`` (0.16: ``torch_aot_compile/
-<hash64>``). Seeding adds a whole entry the host lacks, by one rename into place; it never
-writes into an entry that exists, so a cache a running or starting vLLM uses is never
-touched (vLLM loads only the entry of its own hash, and checks it).
+<hash64>``), and inductor's precompiled header under /tmp. Seeding adds a whole entry
+the host lacks, by one rename into place; it never writes into an entry that exists, so
+a cache a running or starting vLLM uses is never touched (vLLM loads only the entry of
+its own hash, and checks it).
 
 Part of the host agent (joined into one script by vigil/host/payload.py): stdlib only,
 Python 3.8+.
@@ -21,6 +22,7 @@ import os
 import pwd
 import re
 import shutil
+import stat
 import tarfile
 from typing import Dict, List, Optional, Tuple
 
@@ -33,6 +35,11 @@ SEED_DIR = "/var/lib/vigil/seed"
 # that is not a hash (0.32+ keeps the AOT artefacts inside torch_compile_cache).
 ENTRY_PARENTS = ("torch_compile_cache", "torch_compile_cache/torch_aot_compile",
                  "torch_aot_compile")
+# Inductor's precompiled C++ header (CPU builds, ~150 MB): torch places it under
+# /tmp/torchinductor_<user> whatever TORCHINDUCTOR_CACHE_DIR says, and rebuilding it costs
+# a cold start ~8 s on the lab. Its file names are content hashes. "_tmp/" marks an entry
+# of that directory (the request's tmp_root), not of the cache root.
+TMP_ENTRIES = ("_tmp/precompiled_headers",)
 _HASH = re.compile(r"[0-9a-f]{8,64}\Z")
 _BLOB = re.compile(r"[0-9a-f]{16,64}\.tar\.gz\Z")
 CHUNK_MAX = 16 * 1024 * 1024
@@ -54,33 +61,56 @@ def _tree_size(path: str) -> Tuple[int, int, float]:
     return files, size, newest
 
 
-def entries(root: str) -> List[Json]:
-    """Every hash-keyed entry under the cache root: its path, files, bytes and the
-    newest file's mtime (which start wrote it)."""
+def _where(rel: str, req: Json) -> str:
+    """An entry's directory on this host."""
+    if rel in TMP_ENTRIES:
+        return os.path.join(str(req["tmp_root"]), rel.split("/", 1)[1])
+    return os.path.join(str(req["root"]), rel)
+
+
+def _real_dir(path: str) -> bool:
+    return not os.path.islink(path) and os.path.isdir(path)
+
+
+def entries(req: Json) -> List[Json]:
+    """Every seedable entry on the host: its path, files, bytes and the newest file's
+    mtime (which start wrote it)."""
+    root = str(req["root"])
     out: List[Json] = []
+    names: List[str] = []
     for parent in ENTRY_PARENTS:
-        where = os.path.join(root, parent)
         try:
-            names = sorted(os.listdir(where))
+            names += [parent + "/" + n for n in sorted(os.listdir(os.path.join(root, parent)))
+                      if _HASH.match(n)]
         except OSError:
             continue
-        for name in names:
-            path = os.path.join(where, name)
-            if not _HASH.match(name) or os.path.islink(path) or not os.path.isdir(path):
-                continue
-            files, size, newest = _tree_size(path)
-            out.append({"path": parent + "/" + name, "files": files, "bytes": size,
-                        "newest": newest})
+    if req.get("tmp_root") and _real_dir(str(req["tmp_root"])):
+        names += list(TMP_ENTRIES)
+    for rel in names:
+        path = _where(rel, req)
+        if not _real_dir(path):
+            continue
+        files, size, newest = _tree_size(path)
+        if files:
+            out.append({"path": rel, "files": files, "bytes": size, "newest": newest})
     return out
 
 
 def cache_list(req: Json) -> Json:
-    return {"entries": entries(req["root"])}
+    return {"entries": entries(req)}
 
 
 def _entry_ok(rel: str) -> bool:
+    if rel in TMP_ENTRIES:
+        return True
     parent, _, name = rel.rpartition("/")
     return parent in ENTRY_PARENTS and bool(_HASH.match(name))
+
+
+def _check_entries(rels: List[str]) -> None:
+    bad = [e for e in rels if not _entry_ok(e)]
+    if bad:
+        raise ValueError("not a cache entry: %s" % ", ".join(bad))
 
 
 def _blob_path(name: str) -> str:
@@ -102,36 +132,35 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def cache_pack(req: Json) -> Json:
-    """Pack the named entries into one tar.gz under SEED_DIR: its name, sha256 and size."""
-    root = req["root"]
-    wanted = [str(e) for e in req["entries"]]
-    bad = [e for e in wanted if not _entry_ok(e)]
-    if bad:
-        raise ValueError("not cache entries: %s" % ", ".join(bad))
-    os.makedirs(SEED_DIR, mode=0o700, exist_ok=True)
+def _pack_one(rel: str, req: Json) -> Json:
+    src = _where(rel, req)
     tmp = os.path.join(SEED_DIR, ".pack-%s" % os.urandom(8).hex())
     files = 0
     with tarfile.open(tmp, "w:gz", compresslevel=1) as tar:
-        for rel in wanted:
-            src = os.path.join(root, rel)
-            if os.path.islink(src) or not os.path.isdir(src):
-                continue
-            for base, dirs, names in os.walk(src):
-                dirs[:] = sorted(d for d in dirs if not os.path.islink(os.path.join(base, d)))
-                arc = os.path.relpath(base, root)
-                tar.add(base, arcname=arc, recursive=False)
-                for name in sorted(names):
-                    path = os.path.join(base, name)
-                    if os.path.islink(path) or not os.path.isfile(path):
-                        continue  # vLLM writes plain files; anything else stays home
-                    tar.add(path, arcname=os.path.join(arc, name), recursive=False)
-                    files += 1
+        for base, dirs, names in os.walk(src):
+            dirs[:] = sorted(d for d in dirs if not os.path.islink(os.path.join(base, d)))
+            arc = os.path.normpath(os.path.join(rel, os.path.relpath(base, src)))
+            tar.add(base, arcname=arc, recursive=False)
+            for name in sorted(names):
+                path = os.path.join(base, name)
+                if os.path.islink(path) or not os.path.isfile(path):
+                    continue  # vLLM and torch write plain files; anything else stays
+                tar.add(path, arcname=os.path.join(arc, name), recursive=False)
+                files += 1
     digest = _sha256(tmp)
     name = digest + ".tar.gz"
     os.replace(tmp, os.path.join(SEED_DIR, name))
-    return {"blob": name, "sha256": digest, "bytes": os.path.getsize(os.path.join(SEED_DIR, name)),
-            "files": files}
+    return {"entry": rel, "blob": name, "sha256": digest, "files": files,
+            "bytes": os.path.getsize(os.path.join(SEED_DIR, name))}
+
+
+def cache_pack(req: Json) -> Json:
+    """Pack each named entry into its own tar.gz under SEED_DIR (a blob per entry: a host
+    is sent only the entries it lacks, a harvest packs only what changed)."""
+    wanted = [str(e) for e in req["entries"]]
+    _check_entries(wanted)
+    os.makedirs(SEED_DIR, mode=0o700, exist_ok=True)
+    return {"blobs": [_pack_one(rel, req) for rel in wanted if _real_dir(_where(rel, req))]}
 
 
 def cache_read(req: Json) -> Json:
@@ -169,17 +198,17 @@ def cache_write(req: Json) -> Json:
     return {"ok": True, "bytes": os.path.getsize(path)}
 
 
-def _member_ok(m: tarfile.TarInfo, allowed: List[str]) -> Optional[str]:
+def _member_ok(m: tarfile.TarInfo, entry: str) -> Optional[str]:
     """Why a member may not be extracted (None: it may): plain files and directories
-    inside the listed entries only."""
+    inside the entry only."""
     name = m.name
     if name.startswith("/") or ".." in name.split("/") or "\\" in name:
         return "unsafe path %r" % name
     if not (m.isdir() or m.isreg()):
         return "%r is not a plain file or directory" % name
-    if any(name == e or name.startswith(e + "/") for e in allowed):
+    if name == entry or name.startswith(entry + "/"):
         return None
-    return "%r is outside the seeded entries" % name
+    return "%r is outside the entry %s" % (name, entry)
 
 
 def _owner(user: str) -> Tuple[int, int]:
@@ -187,83 +216,112 @@ def _owner(user: str) -> Tuple[int, int]:
     return pw.pw_uid, pw.pw_gid
 
 
-def seed(action: Json, paths: Dict[str, str]) -> Json:
-    """Seed a cache: check the upload's sha256, unpack it into a staging directory under
-    the cache root, own it by the service user, rename each entry the host lacks into
-    place. A mismatch or a bad member seeds nothing and says so; the start then compiles
-    as it would have (ok: a seed is never why a deploy fails)."""
-    root = str(action["root"])
-    upload = _blob_path(str(action["blob"]))
-    allowed = [str(e) for e in action["entries"]]
-    bad = [e for e in allowed if not _entry_ok(e)]
-    if bad:
-        raise ValueError("not cache entries: %s" % ", ".join(bad))
+def _own_dir(path: str, top: str, uid: int, gid: int) -> Optional[str]:
+    """Make the directory an entry goes into (each level from ``top``, the cache root or
+    /tmp/torchinductor_<user>, the service user's, as vLLM or torch would have made it),
+    or say why it may not be used: in /tmp someone else may have made it first."""
+    if not os.path.lexists(path):
+        if path == top:
+            os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
+        else:
+            why = _own_dir(os.path.dirname(path), top, uid, gid)
+            if why is not None:
+                return why
+        os.mkdir(path, 0o755)
+        os.lchown(path, uid, gid)
+        return None
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, uid):
+        return "%s is not a directory of the service user's" % path
+    return None
+
+
+def _seed_one(part: Json, req: Json, uid: int, gid: int) -> Tuple[str, str]:
+    """("seeded" | "kept" | a warning, the entry)."""
+    rel = str(part["entry"])
+    upload = _blob_path(str(part["blob"]))
+    dest = _where(rel, req)
+    if os.path.lexists(dest):
+        _unlink(upload)
+        return "kept", rel  # the host has it: never written over
     try:
         digest = _sha256(upload)
     except FileNotFoundError:
-        return {"ok": True, "seeded": [], "warning": "the upload %s is missing" % upload}
-    if digest != action["sha256"]:
-        os.unlink(upload)
-        return {"ok": True, "seeded": [], "warning": "the upload's sha256 is %s, not %s: "
-                "nothing seeded" % (digest[:16], str(action["sha256"])[:16])}
-    uid, gid = _owner(str(action["user"]))
-    os.makedirs(root, mode=0o755, exist_ok=True)
-    stage = os.path.join(root, ".vigil-seed-%s" % os.urandom(8).hex())
+        return "the upload %s is missing" % upload, rel
+    if digest != part["sha256"]:
+        _unlink(upload)
+        return "%s: the upload's sha256 is %s, not %s" % (rel, digest[:16],
+                                                          str(part["sha256"])[:16]), rel
+    parent = os.path.dirname(dest)
+    top = str(req["tmp_root"] if rel in TMP_ENTRIES else req["root"])
+    why = _own_dir(parent, top, uid, gid)
+    if why is not None:
+        _unlink(upload)
+        return why, rel
+    stage = os.path.join(parent, ".vigil-seed-%s" % os.urandom(8).hex())
     os.mkdir(stage, 0o700)
-    seeded: List[str] = []
-    kept: List[str] = []
     try:
         with tarfile.open(upload, "r:gz") as tar:
             members = tar.getmembers()
-            why = next((w for w in (_member_ok(m, allowed) for m in members) if w), None)
-            if why is not None:
-                return {"ok": True, "seeded": [], "warning": "the packed cache holds %s: "
-                        "nothing seeded" % why}
+            bad = next((w for w in (_member_ok(m, rel) for m in members) if w), None)
+            if bad is not None:
+                return "the packed cache holds %s" % bad, rel
             for m in members:
-                dest = os.path.join(stage, m.name)
+                out = os.path.join(stage, m.name)
                 if m.isdir():
-                    os.makedirs(dest, mode=0o755, exist_ok=True)
+                    os.makedirs(out, mode=0o755, exist_ok=True)
                     continue
-                os.makedirs(os.path.dirname(dest), mode=0o755, exist_ok=True)
+                os.makedirs(os.path.dirname(out), mode=0o755, exist_ok=True)
                 data = tar.extractfile(m)
                 assert data is not None
-                fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW,
+                fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW,
                              m.mode & 0o755 | 0o600)
-                with os.fdopen(fd, "wb") as out:
-                    shutil.copyfileobj(data, out)
-                os.utime(dest, (m.mtime, m.mtime))
+                with os.fdopen(fd, "wb") as fh:
+                    shutil.copyfileobj(data, fh)
+                os.utime(out, (m.mtime, m.mtime))  # older than the start: it reads as warm
         for base, dirs, names in os.walk(stage):
             for name in dirs + names:
                 os.lchown(os.path.join(base, name), uid, gid)
-        for rel in allowed:
-            src, dest = os.path.join(stage, rel), os.path.join(root, rel)
-            if not os.path.isdir(src):
-                continue
-            if os.path.lexists(dest):
-                kept.append(rel)  # the host has it: never written over
-                continue
-            os.makedirs(os.path.dirname(dest), mode=0o755, exist_ok=True)
-            parent = os.path.dirname(rel)
-            while parent:  # the parents vLLM would have made, the service user's
-                os.lchown(os.path.join(root, parent), uid, gid)
-                parent = os.path.dirname(parent)
-            os.rename(src, dest)
-            seeded.append(rel)
+        os.rename(os.path.join(stage, rel), dest)
+        return "seeded", rel
     finally:
         shutil.rmtree(stage, ignore_errors=True)
         _unlink(upload)
-    return {"ok": True, "seeded": seeded, "kept": kept}
+
+
+def seed(action: Json, paths: Dict[str, str]) -> Json:
+    """Seed a cache, entry by entry: check each upload's sha256, unpack it into a staging
+    directory beside its place, own it by the service user, rename it into place where
+    the host lacks the entry. A mismatch or a bad member seeds that entry not and says
+    so; the start then compiles it as it would have (ok: a seed never fails a deploy)."""
+    parts = [p for p in action["blobs"] if isinstance(p, dict)]
+    _check_entries([str(p["entry"]) for p in parts])
+    uid, gid = _owner(str(action["user"]))
+    seeded: List[str] = []
+    kept: List[str] = []
+    warnings: List[str] = []
+    for part in parts:
+        how, rel = _seed_one(part, action, uid, gid)
+        if how == "seeded":
+            seeded.append(rel)
+        elif how == "kept":
+            kept.append(rel)
+        else:
+            warnings.append(how)
+    out: Json = {"ok": True, "seeded": seeded, "kept": kept}
+    if warnings:
+        out["warning"] = "; ".join(warnings)
+    return out
 
 
 def cache_drop(req: Json) -> Json:
     """Remove entries (a quarantined seed), so the next start compiles them anew."""
-    root = req["root"]
+    rels = [str(e) for e in req["entries"]]
+    _check_entries(rels)
     dropped: List[str] = []
-    for rel in [str(e) for e in req["entries"]]:
-        if not _entry_ok(rel):
-            raise ValueError("not a cache entry: %r" % rel)
-        path = os.path.join(root, rel)
-        if os.path.isdir(path) and not os.path.islink(path):
+    for rel in rels:
+        path = _where(rel, req)
+        if _real_dir(path):
             shutil.rmtree(path)
             dropped.append(rel)
     return {"dropped": dropped}
