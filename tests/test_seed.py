@@ -331,11 +331,13 @@ def test_a_ready_start_is_kept_and_a_crash_on_its_seed_quarantines_and_drops_it(
         # the next host was seeded from it, and crashed while compiling
         step = seed.plan_seed(kept, [], root=str(root), tmp="/nonexistent", user="root")
         assert step is not None
-        seed.after_start(tr, t, store, _outcome("crashed", "compiling",
-                                                CompileCache(state="hit"), 2000.0),
-                         step, [AOT], said.append)
+        told = seed.after_start(tr, t, store, _outcome("crashed", "compiling",
+                                                       CompileCache(state="hit"), 2000.0),
+                                step, [AOT], said.append)
     bad = store.get(kept.key)
     assert bad is not None and bad.bad.startswith("local's start crashed in compiling")
     assert "QUARANTINED" in said[-1] and f"dropped here: {AOT}" in said[-1]
+    assert told == {"seeded_from": "local", "seeded": [AOT], "kept": None,
+                    "quarantined": bad.bad}  # the host's JSON
     assert not (root / AOT).exists() and (root / GRAPHS).exists()
     assert seed.plan_seed(bad, [], root=str(root), tmp="/t", user="root") is None

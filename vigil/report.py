@@ -113,6 +113,9 @@ class HostResult:
     # deploy --check: the planned restart's start predicted from history (predict.py's
     # Prediction.to_json, with its `line`)
     prediction: dict[str, Any] | None = None
+    # the compile cache carried between hosts (deploy/seed.py): seeded from which host,
+    # which entries, what this start's cache was kept as, a quarantine and why
+    compile_seed: dict[str, Any] | None = None
 
     @property
     def unreachable(self) -> bool:

@@ -195,8 +195,8 @@ def verify_start(transport: Transport, t: Target, opts: Options, log: Log,
     assert st is not None
     result.main_pid = st.main_pid
     if store is not None:
-        seed.after_start(transport, t, store, outcome, sown, list(seeded),
-                         lambda m: log(t.name, m))
+        result.compile_seed = seed.after_start(transport, t, store, outcome, sown,
+                                               list(seeded), lambda m: log(t.name, m))
     if st.verdict != Verdict.READY:
         raise ServeError(t.name, f"verify: {st.verdict} ({st.cause}): {st.proof}",
                          fix=st.remedy or f"see `invoke logs --hosts {t.name}`")

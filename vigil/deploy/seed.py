@@ -399,10 +399,14 @@ def quarantine(transport: Transport, t: Target, store: Store, m: Manifest, seede
 
 
 def after_start(transport: Transport, t: Target, store: Store, outcome: Any,
-                sown: Action | None, seeded: list[str], say: Say) -> None:
+                sown: Action | None, seeded: list[str], say: Say) -> dict[str, Any]:
     """The compile cache's stage after a verdict: a crash loading a seed quarantines
-    it; a ready start's cache is kept for its key. Never fails the deploy."""
+    it; a ready start's cache is kept for its key. Never fails the deploy. Returns what
+    happened, for the host's JSON."""
     st, cc = outcome.state, outcome.compile_cache
+    out: dict[str, Any] = {
+        "seeded_from": sown.payload["source"] if sown is not None and seeded else None,
+        "seeded": list(seeded), "kept": None, "quarantined": None}
     try:
         if sown is not None and seeded and crashed_on_seed(st.verdict, st.phase, cc):
             m = store.get(str(sown.payload["key"]))
@@ -410,12 +414,15 @@ def after_start(transport: Transport, t: Target, store: Store, outcome: Any,
                 why = (f"{t.name}'s start crashed in {st.phase} after the seed: "
                        f"{st.cause or 'unknown'}")
                 quarantine(transport, t, store, m, seeded, why, say)
-            return
+                out["quarantined"] = why
+            return out
         if sown is not None and seeded and cc is not None:
             say(f"compile cache seeded from {sown.payload['source']}: {cc.line()}")
         kept = store.get(key_of(key_fields(t)))
         if st.started_at is not None and should_harvest(cc, st.verdict, kept):
             assert cc is not None
-            harvest(transport, t, store, cc, st.started_at, kept, say)
+            m = harvest(transport, t, store, cc, st.started_at, kept, say)
+            out["kept"] = m.describe() if m is not None else None
     except (HostError, OSError) as exc:
         say(f"compile cache: not kept ({exc})")
+    return out

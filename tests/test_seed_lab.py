@@ -1,0 +1,107 @@
+"""Compile caches seeded across real lab hosts, through the front door: lab3 starts the
+real vLLM CPU build with nothing cached and its cache is kept; lab4, of the same key
+(another port only), is planned to be seeded, is seeded before its restart, and starts
+from lab3's cache. Two real starts; the speed-up itself is a benchmark
+(bench/startup/RESULTS.md), not asserted here.
+
+Uses lab3 and lab4 (as test_runtime_lab.py does, which runs before and leaves their
+environments installed), each on its own port.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lab import hosts
+from tests.lab_fixtures import lab_hosts  # noqa: F401  (pytest fixture)
+
+pytestmark = [pytest.mark.lab, pytest.mark.vllm]
+
+REPO = Path(__file__).resolve().parent.parent
+INVOKE = str(Path(sys.executable).parent / "invoke")
+PORT = {"lab3": 8003, "lab4": 8004}
+INDEX = {"lab3": 3, "lab4": 4}
+AOT = "/var/cache/vigil/vllm/torch_compile_cache/torch_aot_compile"
+CLEAR = "systemctl stop vllm; rm -rf /var/cache/vigil/vllm/* /tmp/torchinductor_vllm"
+
+
+def sh(host: str, command: str, timeout: float = 300) -> str:
+    code, out, err = hosts.run(INDEX[host], command, timeout=timeout)
+    assert code == 0, f"{host}: {command}: {err or out}"
+    return out.strip()
+
+
+def deploy(host: str, state: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str],
+                                                         dict[str, Any]]:
+    """A real deploy that waits for verify's verdict; its text and its host's JSON."""
+    out = state / f"{host}-{len(list(state.glob('*.json')))}.json"
+    res = subprocess.run(
+        [INVOKE, "deploy", "--model", "tiny-cpu", "--hosts", host, "--set",
+         f"port={PORT[host]}", "--json", str(out), *extra],
+        cwd=REPO, capture_output=True, text=True, timeout=1800,
+        env={**os.environ, "INVOKE_VIGIL_STATE_DIR": str(state)})
+    data = json.loads(out.read_text()) if out.exists() else {}
+    return res, (data.get("hosts") or {}).get(host, {})
+
+
+@pytest.fixture(scope="module")
+def ours(lab_hosts: list[hosts.HostStatus]) -> Iterator[list[str]]:  # noqa: F811
+    running = {h.name for h in hosts.status() if h.running}
+    if not {"lab3", "lab4"} <= running:
+        hosts.up(4)  # running hosts stay as they are
+    yield ["lab3", "lab4"]
+    with ThreadPoolExecutor(2) as pool:  # 2 cores: leave no vLLM running behind
+        list(pool.map(lambda i: hosts.run(i, hosts.stop_now(), timeout=120), INDEX.values()))
+
+
+def test_a_host_of_the_same_key_is_seeded_from_a_ready_start_and_starts_warm(
+        ours: list[str], tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    for host in ours:
+        sh(host, CLEAR)
+    # lab3: nothing cached anywhere: it compiles, and its cache is kept for the key
+    res, lab3 = deploy("lab3", state, "--restart")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert lab3["verify"]["compile_cache"]["state"] == "miss", lab3["verify"]["compile_cache"]
+    assert "compile cache kept for this key: lab3's ready start" in res.stdout, res.stdout
+    (manifest,) = state.glob("caches/*/manifest.json")
+    kept = json.loads(manifest.read_text())
+    entries = [p["entry"] for p in kept["parts"]]
+    assert kept["source"] == "lab3" and not kept["bad"]
+    assert any(e.startswith("torch_compile_cache/torch_aot_compile/") for e in entries)
+    assert "_tmp/precompiled_headers" in entries  # inductor's header, outside the cache dir
+    assert lab3["compile_seed"]["kept"] is not None and lab3["compile_seed"]["seeded"] == []
+
+    # lab4 (another port, the same key): --check says it would be seeded, and from what
+    res, planned = deploy("lab4", state, "--restart", "--check")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "would seed_cache: compile cache of lab3's ready start" in res.stdout, res.stdout
+    assert "(warm cache): the cache of lab3's start of" in res.stdout, res.stdout
+    assert any(a.startswith("seed_cache: ") for a in planned["actions"]), planned
+    res, _ = deploy("lab4", state, "--restart", "--check", "--no-seed")
+    assert "seed_cache" not in res.stdout, res.stdout
+
+    # the seeded start: entries the service user owns, older than the start (warm)
+    res, lab4 = deploy("lab4", state, "--restart")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "compile cache: seeded " in res.stdout, res.stdout
+    assert lab4["compile_seed"]["seeded_from"] == "lab3"
+    assert sorted(lab4["compile_seed"]["seeded"]) == sorted(entries)
+    assert "seed_cache" in lab4["applied"]
+    cache = lab4["verify"]["compile_cache"]
+    # the CPU build's AOT artefact does not load in a new process (vLLM's own
+    # "Compiling model again due to a load failure"); inductor's cache beneath it does
+    assert cache["state"] in ("hit", "partial"), cache
+    assert lab4["verify"]["budgets"]["key"]["cache"] == "warm", lab4["verify"]["budgets"]
+    owners = sh("lab4", f"stat -c %U {AOT} {AOT}/* /tmp/torchinductor_vllm/precompiled_headers")
+    assert set(owners.split()) == {"vllm"}, owners
