@@ -280,7 +280,8 @@ def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
 
                     def drain() -> None:
                         assert hooks is not None
-                        drained.append(t.name)
+                        if hooks.before_stop:  # without one nothing was taken out of a pool
+                            drained.append(t.name)
                         hooks.run("before_stop", t, say)
 
                     seeded: list[str] = []
