@@ -18,6 +18,8 @@ from tests.agent_payload import agent
 from vigil.deploy import seed
 from vigil.desired import inventory
 from vigil.desired.targets import Target, resolve
+from vigil.report import HostResult, HostStatus, Log
+from vigil.tasks import deploy as deploy_task
 from vigil.transport.local import LocalTransport
 from vigil.verify import reducer
 from vigil.verify.compile_cache import CompileCache
@@ -341,3 +343,24 @@ def test_a_ready_start_is_kept_and_a_crash_on_its_seed_quarantines_and_drops_it(
                     "quarantined": bad.bad}  # the host's JSON
     assert not (root / AOT).exists() and (root / GRAPHS).exists()
     assert seed.plan_seed(bad, [], root=str(root), tmp="/t", user="root") is None
+
+
+def test_a_rollout_check_says_which_later_hosts_the_first_ready_start_of_their_key_seeds(
+        tmp_path: Path) -> None:
+    ts = _targets(tmp_path, """hosts:
+  a: {address: a.invalid, model: tiny-cpu, port: 8001}
+  b: {address: b.invalid, model: tiny-cpu, port: 8002}
+  c: {address: c.invalid, model: tiny-cpu, port: 8003}
+  d: {address: d.invalid, model: tiny-cpu, env: {VLLM_FUSED_MOE_CHUNK_SIZE: "4096"}}
+  e: {address: e.invalid, model: tiny-cpu, cache_seed: false}
+""")
+    restart = ["restart: runtime, unit, env changed"]
+    results = [HostResult(n, HostStatus.CHANGED, actions=list(restart)) for n in ts]
+    results[2].actions = []  # c does not restart
+    out = io.StringIO()
+    later = deploy_task.seeded_later(list(ts.values()), [["a"], ["b", "c", "d", "e"]],
+                                     results, Log(out))
+    assert later == {"b": "a"}  # c: no restart; d: another key; e: cache_seed false
+    assert "b        would seed_cache: from a's start (an earlier batch" in out.getvalue()
+    # hosts of one batch start together: none seeds another
+    assert deploy_task.seeded_later(list(ts.values()), [["a", "b"]], results, Log(out)) == {}

@@ -73,7 +73,9 @@ class Part:
 
     @property
     def short(self) -> str:
-        return self.entry.rsplit("/", 1)[1][:10]
+        """A hash as vLLM's directory shows it (10 characters), another entry by name."""
+        name = self.entry.rsplit("/", 1)[1]
+        return name[:10] if self.entry.startswith("torch_") else name
 
 
 def _sha(value: object) -> str:
@@ -200,7 +202,7 @@ def unchanged(listed: Mapping[str, Any], kept: Manifest | None) -> Part | None:
 
 def result_line(res: Mapping[str, Any]) -> str:
     """The deploy's line for the host's seed_cache result."""
-    seeded = [str(e).rsplit("/", 1)[1][:10] for e in res.get("seeded") or []]
+    seeded = [Part(str(e), "", 0, 0).short for e in res.get("seeded") or []]
     kept = res.get("kept") or []
     line = (f"compile cache: seeded {', '.join(seeded) or 'nothing'}"
             + (f" ({len(kept)} entry(ies) the host had, left as they were)" if kept else ""))

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO
@@ -11,6 +11,7 @@ from typing import Any, TextIO
 from invoke.context import Context
 
 from vigil.deploy import apply as deploy_mod
+from vigil.deploy import seed as seed_mod
 from vigil.deploy import service
 from vigil.desired import review
 from vigil.desired import targets as targets_mod
@@ -126,7 +127,10 @@ def deploy(
                              rollback_failed=rollback_failed)
         extra: dict[str, Any] = {}
         if check:
-            ahead = predict_restarts(targets, ro.results, setting(c, "state_dir"), log)
+            later = seeded_later(targets, [b.hosts for b in ro.batches], ro.results,
+                                 log) if seed else {}
+            ahead = predict_restarts(targets, ro.results, setting(c, "state_dir"), log,
+                                     seeded=later)
             if ro.batched:
                 whole = predict.rollout([b.hosts for b in ro.batches], ahead)
                 log("rollout", whole.line())
@@ -144,20 +148,51 @@ def deploy(
     exit_with([ro.exit_code])
 
 
+def _restarts(r: HostResult) -> bool:
+    return not r.error and any(a.startswith("restart:") for a in r.actions)
+
+
+def seeded_later(targets: Sequence[Target], batches: Sequence[Sequence[str]],
+                 results: Sequence[HostResult], log: Log) -> dict[str, str]:
+    """deploy --check of a rollout: the restarting hosts of later batches that the first
+    ready start of their key in an earlier batch will seed (nothing is kept for the key
+    yet, so their plans cannot show it): host → that earlier host, each said."""
+    by_target = {t.name: t for t in targets}
+    by_result = {r.host: r for r in results}
+    first: dict[str, str] = {}  # key → the first restarting host of it, batches before
+    out: dict[str, str] = {}
+    for names in batches:
+        keys: dict[str, str] = {}
+        for name in names:
+            t, r = by_target.get(name), by_result.get(name)
+            if t is None or r is None or not _restarts(r) or not t.vars.cache_seed:
+                continue
+            keys[name] = key = seed_mod.key_of(seed_mod.key_fields(t))
+            if key in first and not any(a.startswith("seed_cache:") for a in r.actions):
+                out[name] = first[key]
+                log(name, f"would seed_cache: from {first[key]}'s start (an earlier batch, "
+                    "the same key) once it is ready")
+        for name, key in keys.items():
+            first.setdefault(key, name)
+    return out
+
+
 def predict_restarts(targets: Sequence[Target], results: Sequence[HostResult],
-                     state_dir: Path, log: Log) -> dict[str, predict.Prediction]:
+                     state_dir: Path, log: Log,
+                     seeded: Mapping[str, str] | None = None) -> dict[str, predict.Prediction]:
     """deploy --check: each planned restart's start predicted from the local history
-    mirror (not created by a check that finds none), said and kept on its result."""
+    mirror (not created by a check that finds none), said and kept on its result; a host
+    a seed will warm (planned, or from an earlier batch: ``seeded``) predicted warm."""
     path = state_dir / "history.sqlite"
     records = history_mod.Mirror(path).records() if path.exists() else []
     by_name = {t.name: t for t in targets}
     out: dict[str, predict.Prediction] = {}
     for r in results:
         t = by_name.get(r.host)
-        if t is None or r.error or not any(a.startswith("restart:") for a in r.actions):
+        if t is None or not _restarts(r):
             continue
-        seeded = any(a.startswith("seed_cache:") for a in r.actions)
-        out[r.host] = p = predict.before_restart(records, t, seeded=seeded)
+        warm = r.host in (seeded or {}) or any(a.startswith("seed_cache:") for a in r.actions)
+        out[r.host] = p = predict.before_restart(records, t, seeded=warm)
         r.prediction = p.to_json()
         log(r.host, f"the restart: {p.line()}: {p.cache_why}")
     return out
