@@ -86,7 +86,8 @@ def test_a_host_of_the_same_key_is_seeded_from_a_ready_start_and_starts_warm(
     res, planned = deploy("lab4", state, "--restart", "--check")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "would seed_cache: compile cache of lab3's ready start" in res.stdout, res.stdout
-    assert "(warm cache): the cache of lab3's start of" in res.stdout, res.stdout
+    (line,) = [ln for ln in res.stdout.splitlines() if "lab4 the restart: " in ln]
+    assert "(warm cache)" in line and "the cache of lab3's start of" in line, line
     assert any(a.startswith("seed_cache: ") for a in planned["actions"]), planned
     res, _ = deploy("lab4", state, "--restart", "--check", "--no-seed")
     assert "seed_cache" not in res.stdout, res.stdout
@@ -105,3 +106,32 @@ def test_a_host_of_the_same_key_is_seeded_from_a_ready_start_and_starts_warm(
     assert lab4["verify"]["budgets"]["key"]["cache"] == "warm", lab4["verify"]["budgets"]
     owners = sh("lab4", f"stat -c %U {AOT} {AOT}/* /tmp/torchinductor_vllm/precompiled_headers")
     assert set(owners.split()) == {"vllm"}, owners
+
+
+def test_a_start_that_crashes_loading_a_seed_quarantines_it_for_its_key(
+        ours: list[str], tmp_path: Path) -> None:
+    """lab4 with nothing cached and VLLM_FORCE_AOT_LOAD=1 (vLLM leaves it out of its
+    hash: the same key as lab3's): seeded from lab3's kept cache, whose AOT artefact this
+    build cannot load, it re-raises instead of compiling again, and crashes."""
+    state = tmp_path / "state"
+    state.mkdir()
+    for host in ours:
+        sh(host, CLEAR)
+    res, _ = deploy("lab3", state, "--restart")  # the cache to be seeded, kept
+    assert res.returncode == 0, res.stdout + res.stderr
+    sh("lab4", CLEAR)
+    res, lab4 = deploy("lab4", state, "--restart", "--set", "env.VLLM_FORCE_AOT_LOAD=1")
+    assert res.returncode != 0 and lab4["verdict"] == "crashed", res.stdout + res.stderr
+    assert "compile cache: seeded " in res.stdout, res.stdout
+    assert "QUARANTINED for this key (lab4's start crashed in " in res.stdout, res.stdout
+    assert "LEFT DRAINED" not in res.stdout  # no --before-stop: nothing was drained
+    (manifest,) = state.glob("caches/*/manifest.json")
+    kept = json.loads(manifest.read_text())
+    assert kept["source"] == "lab3" and kept["bad"].startswith("lab4's start crashed in ")
+    assert lab4["compile_seed"]["quarantined"] == kept["bad"]
+    # the seeded entries are gone from lab4 (its next start compiles), and no host of
+    # the key is seeded from it again
+    assert sh("lab4", f"ls {AOT} 2>/dev/null | wc -l") == "0"
+    sh("lab4", CLEAR)
+    res, _ = deploy("lab4", state, "--restart", "--check")
+    assert "seed_cache" not in res.stdout and "is quarantined" in res.stdout, res.stdout
