@@ -63,10 +63,15 @@ def ours(lab_hosts: list[hosts.HostStatus]) -> Iterator[list[str]]:  # noqa: F81
         list(pool.map(lambda i: hosts.run(i, hosts.stop_now(), timeout=120), INDEX.values()))
 
 
+@pytest.fixture(scope="module")
+def state(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The controller's state (history, kept caches) the module's deploys share: the
+    second test is seeded from what the first kept, paying no start of its own for it."""
+    return tmp_path_factory.mktemp("seed-state")
+
+
 def test_a_host_of_the_same_key_is_seeded_from_a_ready_start_and_starts_warm(
-        ours: list[str], tmp_path: Path) -> None:
-    state = tmp_path / "state"
-    state.mkdir()
+        ours: list[str], state: Path) -> None:
     for host in ours:
         sh(host, CLEAR)
     # lab3: nothing cached anywhere: it compiles, and its cache is kept for the key
@@ -109,25 +114,21 @@ def test_a_host_of_the_same_key_is_seeded_from_a_ready_start_and_starts_warm(
 
 
 def test_a_start_that_crashes_loading_a_seed_quarantines_it_for_its_key(
-        ours: list[str], tmp_path: Path) -> None:
+        ours: list[str], state: Path) -> None:
     """lab4 with nothing cached and VLLM_FORCE_AOT_LOAD=1 (vLLM leaves it out of its
-    hash: the same key as lab3's): seeded from lab3's kept cache, whose AOT artefact this
-    build cannot load, it re-raises instead of compiling again, and crashes."""
-    state = tmp_path / "state"
-    state.mkdir()
-    for host in ours:
-        sh(host, CLEAR)
-    res, _ = deploy("lab3", state, "--restart")  # the cache to be seeded, kept
-    assert res.returncode == 0, res.stdout + res.stderr
+    hash: the same key): seeded from the cache the test above kept, whose AOT artefact
+    this build cannot load, it re-raises instead of compiling again, and crashes."""
+    (manifest,) = state.glob("caches/*/manifest.json")
+    source = json.loads(manifest.read_text())["source"]  # the last ready start's host
+    assert not json.loads(manifest.read_text())["bad"]
     sh("lab4", CLEAR)
     res, lab4 = deploy("lab4", state, "--restart", "--set", "env.VLLM_FORCE_AOT_LOAD=1")
     assert res.returncode != 0 and lab4["verdict"] == "crashed", res.stdout + res.stderr
     assert "compile cache: seeded " in res.stdout, res.stdout
     assert "QUARANTINED for this key (lab4's start crashed in " in res.stdout, res.stdout
     assert "LEFT DRAINED" not in res.stdout  # no --before-stop: nothing was drained
-    (manifest,) = state.glob("caches/*/manifest.json")
     kept = json.loads(manifest.read_text())
-    assert kept["source"] == "lab3" and kept["bad"].startswith("lab4's start crashed in ")
+    assert kept["source"] == source and kept["bad"].startswith("lab4's start crashed in ")
     assert lab4["compile_seed"]["quarantined"] == kept["bad"]
     # the seeded entries are gone from lab4 (its next start compiles), and no host of
     # the key is seeded from it again
