@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from tests.lab_fixtures import lab_hosts
+from tests.paths import REPO
 from vigil.desired import inventory
 from vigil.desired import targets as targets_mod
 
 __all__ = ["lab_hosts", "target_in"]
 
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.paths import TRACES
 from vigil.verify.snapshot import (
     Cache,
     CacheDir,
@@ -268,5 +269,5 @@ def write_fixtures(dest: Path) -> list[Path]:
 
 
 if __name__ == "__main__":
-    for p in write_fixtures(Path(__file__).parent / "fixtures" / "traces"):
+    for p in write_fixtures(TRACES):
         print(p)

@@ -6,11 +6,12 @@ import re
 from pathlib import Path
 
 from tests.agent_payload import agent
+from tests.paths import REPO
 from vigil.deploy.plan import ActionKind
 from vigil.host import payload
 
 # The plans apply sends (tests/test_apply.py holds it to them): release, roles, seed.
-DEPLOY = Path(__file__).parent.parent / "vigil" / "deploy"
+DEPLOY = REPO / "vigil" / "deploy"
 PLANNERS = [DEPLOY / "plan.py", DEPLOY / "roles.py", DEPLOY / "seed.py"]
 
 

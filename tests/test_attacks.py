@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from lab import hosts as lab
+from tests.paths import REPO, TRACES
 from vigil.deploy.plan import env_diff
 from vigil.desired.config import HostVars
 from vigil.desired.render import mask_env_text
@@ -1121,7 +1122,7 @@ def test_i21_1_a_service_template_renders_in_the_same_sandbox(tmp_path: Path) ->
 def _stack() -> Any:
     from vigil.desired import inventory
 
-    return inventory.load(Path(__file__).resolve().parents[1] / "inventory").stack("lab-cpu")
+    return inventory.load(REPO / "inventory").stack("lab-cpu")
 
 
 def test_i21_1_a_huge_range_fails_at_once_with_one_error(tmp_path: Path) -> None:
@@ -1273,7 +1274,7 @@ def test_i21_5_status_preflight_and_error_output_of_the_tasks_is_cleaned(
 
 def test_i21_5_no_task_prints_around_the_neutraliser() -> None:
     # every print of the host-facing tasks goes through report.echo (safe_text)
-    tasks = Path(__file__).resolve().parents[1] / "vigil" / "tasks"
+    tasks = REPO / "vigil" / "tasks"
     for name in ("common", "deploy", "group", "runtime", "verify"):
         source = (tasks / f"{name}.py").read_text()
         assert not re.search(r"(?<![\w.])print\(", source), name
@@ -1302,7 +1303,7 @@ def test_i21_5_verify_plain_lines_are_cleaned() -> None:
 def _any_snapshot() -> Any:
     from vigil.verify import replay
 
-    return replay.load(Path(__file__).resolve().parent / "fixtures" / "traces"
+    return replay.load(TRACES
                        / "lab-cold-ready.jsonl")[1][-1]
 
 
@@ -2213,7 +2214,7 @@ def test_i21_17_deploy_with_an_empty_serial_exits_2_before_any_host_is_touched(
 
     inv = tmp_path / "inventory"
     inv.mkdir()
-    repo = Path(__file__).resolve().parents[1]
+    repo = REPO
     for part in ("models", "stacks"):
         (inv / part).symlink_to(repo / "inventory" / part)
     (inv / "hosts.yml").write_text(
@@ -2283,7 +2284,7 @@ def _run_task(task: str, c: Any, **kwargs: Any) -> int:
 def _secret_inv(tmp_path: Path, secrets: str) -> Path:
     inv = tmp_path / "inventory"
     inv.mkdir()
-    repo = Path(__file__).resolve().parents[1]
+    repo = REPO
     for part in ("models", "stacks"):
         (inv / part).symlink_to(repo / "inventory" / part)
     (inv / "hosts.yml").write_text(f"hosts:\n  h1: {{address: 192.0.2.1, model: tiny-cpu, "
@@ -2324,7 +2325,7 @@ def test_i21_18_group_verify_runs_without_a_deploy_only_secret(
 
     from vigil.tasks import group as group_tasks
 
-    repo = Path(__file__).resolve().parents[1]
+    repo = REPO
     inv = tmp_path / "inventory"
     shutil.copytree(repo / "tests" / "fixtures" / "golden-groups" / "inventory", inv)
     assert "secret_env: [HF_TOKEN]" in (inv / "hosts.yml").read_text()
@@ -2490,7 +2491,7 @@ def test_i21_15_a_nan_quiet_time_in_host_history_cannot_turn_stall_detection_off
 def _backwards_trace(tmp_path: Path) -> Path:
     import json
 
-    lines = (Path(__file__).resolve().parent / "fixtures" / "traces"
+    lines = (TRACES
              / "lab-cold-ready.jsonl").read_text().splitlines()
     snaps = [json.loads(line) for line in lines]
     end = snaps[0]["time"] + snaps[-1]["time"]
@@ -2514,7 +2515,7 @@ def test_i21_15_a_trace_whose_time_runs_backwards_never_replays_to_negative_phas
     assert out["ignored"] == [f"{path}: 44 snapshots whose time runs backwards ignored "
                               "(the first: line 2, 2.1 s before line 1)"]
     # one snapshot stepping back in a good trace costs that snapshot, not the replay
-    good = (Path(__file__).resolve().parent / "fixtures" / "traces"
+    good = (TRACES
             / "lab-cold-ready.jsonl").read_text().splitlines()
     import json
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.paths import FIXTURES, REPO
 from vigil.verify import compile_cache as cc
 from vigil.verify import history, reducer, replay
 from vigil.verify import report as verify_report
@@ -23,7 +24,7 @@ from vigil.verify.budgets import BudgetKey, HistoryRecord
 from vigil.verify.snapshot import Cache, CacheDir, Journal, LogLine, Snapshot
 from vigil.verify.watch import Outcome
 
-FIX = Path(__file__).resolve().parent / "fixtures"
+FIX = FIXTURES
 TRACES = FIX / "traces"
 REAL = FIX / "real-logs"
 AOT_HASH = "torch_aot_compile/40d4ff84fc52583cf10a7978f36f0c3246bf8cc505521254cea694fc5f686376"
@@ -294,7 +295,7 @@ def test_every_cache_record_has_proof_lines_sources_and_a_place_in_the_unit() ->
     assert len(names) == len(set(names))
     for c in cc.CACHES:
         assert c.proof and c.sources and c.key and c.unit, c.name
-    unit = (Path(__file__).resolve().parent.parent / "vigil" / "roles" / "service"
+    unit = (REPO / "vigil" / "roles" / "service"
             / "templates" / "vllm.service.j2").read_text()
     for var in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_HOME",
                 "FLASHINFER_WORKSPACE_BASE", "CUDA_CACHE_PATH"):

@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 
 from lab import hosts as lab
+from tests.paths import REPO
 from vigil.desired.render import TEMPLATES
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
 
-REPO = Path(__file__).resolve().parent.parent
 INVOKE = str(REPO / ".venv" / "bin" / "invoke")
 HOST = "lab1"
 INDEX = 1

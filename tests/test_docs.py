@@ -26,9 +26,9 @@ import pytest
 from invoke.parser.context import ParserContext
 from invoke.parser.parser import Parser
 
+from tests.paths import REPO
 from vigil.tasks.collection import ns
 
-REPO = Path(__file__).resolve().parent.parent
 README_LIMIT = 10 * 1024
 PAGES = sorted([REPO / "README.md", *(REPO / "docs").rglob("*.md"),
                 REPO / "bench" / "README.md", REPO / "bench" / "LAB-MEASUREMENTS.md"])

@@ -28,10 +28,10 @@ import paramiko
 import pytest
 
 from lab import hosts
+from tests.paths import REPO
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
 
-REPO = Path(__file__).resolve().parent.parent
 HOST = 1
 PORT = hosts.service_port(HOST)
 DRAIN_S = 60

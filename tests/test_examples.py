@@ -21,10 +21,11 @@ from invoke.exceptions import ParseError
 from invoke.parser.context import ParserContext
 from invoke.parser.parser import Parser
 
+from tests.paths import REPO
 from vigil.deploy import hooks, rollout
 from vigil.tasks.collection import ns
 
-EXAMPLES = sorted((Path(__file__).resolve().parent.parent / "vigil" / "scaffold" / "ci")
+EXAMPLES = sorted((REPO / "vigil" / "scaffold" / "ci")
                   .glob("*.yml"))
 
 

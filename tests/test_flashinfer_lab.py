@@ -28,11 +28,11 @@ from pathlib import Path
 import pytest
 
 from lab import hosts, wheels
+from tests.paths import REPO
 from vigil.verify import replay
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
 
-REPO = Path(__file__).resolve().parent.parent
 INVOKE = str(Path(sys.executable).parent / "invoke")
 HOST, INDEX = "lab7", 7
 UV = "/opt/vigil/bin/uv"  # wheels.install_uv puts it there

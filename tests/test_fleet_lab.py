@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from lab import fleet, hosts
+from tests.paths import REPO
 from vigil.exitcodes import ExitCode
 
 pytestmark = pytest.mark.lab
 
-REPO = Path(__file__).resolve().parent.parent
 N = 8
 
 

@@ -15,10 +15,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.paths import REPO
 from vigil.desired import inventory
 from vigil.desired.targets import resolve
 
-REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "fixtures" / "golden"
 INVOKE = str(Path(sys.executable).parent / "invoke")
 

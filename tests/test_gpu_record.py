@@ -12,9 +12,10 @@ import sys
 import tarfile
 from pathlib import Path
 
+from tests.paths import REPO
 from vigil.deploy.gpus import from_agent
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 SCRIPT = ROOT / "bench" / "gpu_record" / "record.py"
 FIX = ROOT / "tests" / "fixtures" / "gpus"
 

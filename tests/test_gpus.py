@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from tests.agent_payload import agent
+from tests.paths import FIXTURES
 from tests.test_plan import facts_for, target
 from vigil.deploy.gpucheck import (
     MIN_DRIVER,
@@ -47,7 +48,7 @@ from vigil.desired.stacks import Stack
 from vigil.errors import HostError, RefusedError
 from vigil.verify.snapshot import Snapshot
 
-FIX = Path(__file__).resolve().parent / "fixtures" / "gpus"
+FIX = FIXTURES / "gpus"
 
 
 def text(name: str) -> str:

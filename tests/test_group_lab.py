@@ -38,6 +38,7 @@ import pytest
 
 from lab import hosts as lab
 from lab import wheels
+from tests.paths import REPO
 from vigil.deploy.apply import Options
 from vigil.deploy.group import deploy_group
 from vigil.desired import inventory
@@ -50,7 +51,6 @@ from vigil.verify.watch import Settings
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
 
-REPO = Path(__file__).resolve().parent.parent
 HEAD, WORKER = 1, 2
 UNIT = "vllm-mn"
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from tests.paths import REPO
 from vigil.deploy.group import order, plan_group, releases, rollback_steps, target_of
 from vigil.desired import group_spec, inventory
 from vigil.desired.engines.ray import RAY_NODES, ray_alive_nodes
@@ -44,7 +45,6 @@ from vigil.verify.group import (
 from vigil.verify.reducer import Fatal, PhaseSpan, WatchState, initial, step
 from vigil.verify.snapshot import Smoke, Snapshot, Unit
 
-REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "fixtures" / "golden-groups"
 ENV = {"HF_TOKEN": "hf_secret_value"}
 

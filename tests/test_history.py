@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import target_in
+from tests.paths import REPO
 from vigil.desired import targets as targets_mod
 from vigil.desired.config import Gpu
 from vigil.errors import ConfigError
@@ -15,7 +16,7 @@ from vigil.transport.local import LocalTransport
 from vigil.verify import history
 from vigil.verify.budgets import BudgetKey, HistoryRecord, plan_budgets
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 
 
 def key(cache: str = "cold", model: str = "tiny-cpu") -> BudgetKey:

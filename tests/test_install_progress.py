@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 
 from tests.agent_payload import agent
+from tests.paths import FIXTURES
 from vigil.deploy import progress as shown
 from vigil.host import progress
 from vigil.transport import remote
 from vigil.transport.local import LocalTransport
 
-LOGS = Path(__file__).parent / "fixtures" / "install-logs"
+LOGS = FIXTURES / "install-logs"
 ORDER = ["starting", "resolving", "downloading", "installing", "installed"]
 
 

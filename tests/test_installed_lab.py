@@ -27,10 +27,10 @@ import pytest
 import yaml
 
 from lab import hosts as lab
+from tests.paths import REPO
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
 
-REPO = Path(__file__).resolve().parent.parent
 INDEX, UNIT, PORT = 1, "vllm-e2e", 8197
 PYTHON = os.environ.get("VIGIL_E2E_PYTHON") or sys.executable
 

@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.paths import REPO
 from vigil.desired import inventory
 from vigil.desired.ansible import expand_range
 from vigil.desired.targets import parse_sets, resolve
 from vigil.errors import ConfigError, RefusedError
 
-REPO_INV = Path(__file__).resolve().parent.parent / "inventory"
+REPO_INV = REPO / "inventory"
 
 
 @pytest.fixture

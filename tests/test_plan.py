@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.paths import REPO
 from vigil.deploy.facts import HostFacts, parse_facts
 from vigil.deploy.plan import make_plan
 from vigil.deploy.preflight import check_host
@@ -15,7 +15,7 @@ from vigil.desired import inventory
 from vigil.desired.targets import Target, resolve
 from vigil.errors import PermissionDeniedError, RefusedError
 
-REPO_INV = Path(__file__).resolve().parent.parent / "inventory"
+REPO_INV = REPO / "inventory"
 ENV = {"HF_TOKEN": "hf_old"}
 
 

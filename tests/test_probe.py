@@ -21,6 +21,7 @@ from typing import ClassVar
 
 import pytest
 
+from tests.paths import FIXTURES
 from vigil.transport import remote
 from vigil.verify.snapshot import Snapshot
 
@@ -182,7 +183,7 @@ def _fake(bin_dir: Path, name: str, script: str) -> None:
 def test_nvidia_smi_fallback_reads_the_facts_query_by_field_name(tmp_path: Path) -> None:
     """Without NVML the probe reads the one nvidia-smi query the facts use (headers kept,
     units in the values), here answered with lines of the real H200 capture."""
-    fix = Path(__file__).parent / "fixtures" / "gpus" / "h200"
+    fix = FIXTURES / "gpus" / "h200"
     gpus = fix / "query_gpu.csv"
     apps = fix / "compute_apps.csv"
     _fake(tmp_path, "nvidia-smi", (

@@ -10,17 +10,17 @@ import socket
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.agent_payload import agent
+from tests.paths import FIXTURES
 from vigil.deploy import reach
 from vigil.desired import inventory
 from vigil.desired.groups import NodeGroup, resolve_group
 
-GOLDEN = Path(__file__).resolve().parent / "fixtures" / "golden-groups" / "inventory"
+GOLDEN = FIXTURES / "golden-groups" / "inventory"
 
 
 def _free_port() -> int:

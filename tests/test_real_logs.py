@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.paths import FIXTURES
 from vigil.verify import replay
 
-HERE = Path(__file__).parent / "fixtures" / "real-logs"
+HERE = FIXTURES / "real-logs"
 
 
 def _rows(name: str) -> list[dict[str, str]]:
@@ -63,7 +64,7 @@ HARVEST11 = _rows("HARVEST11.tsv")
 # and no-kernel wordings, Blackwell and Thor CUTLASS refusals, OOM at graph capture and
 # loading), a fifth of it (HELDOUT12) kept out of the rule writing; 8/14 and 1/4 before
 # its rules, 14/14 and 4/4 after.
-HERE12 = Path(__file__).parent / "fixtures" / "real-logs-12"
+HERE12 = FIXTURES / "real-logs-12"
 
 
 def _rows12(name: str) -> list[dict[str, str]]:
@@ -75,7 +76,7 @@ HARVEST12 = _rows12("HARVEST12.tsv")
 HELDOUT12 = _rows12("HELDOUT12.tsv")
 # Harvested after the HARVEST12 rules froze (8 logs: ROCm OOM, GB10 ptxas, graph-capture and
 # warmup OOM), held out 6/8, 8/8 after the ptxas rule.
-HERE13 = Path(__file__).parent / "fixtures" / "real-logs-13"
+HERE13 = FIXTURES / "real-logs-13"
 with (HERE13 / "HARVEST13.tsv").open() as _fh:
     HARVEST13 = [{**r, "file": str(HERE13 / r["file"])}
                  for r in csv.DictReader(_fh, delimiter="\t")]
@@ -83,14 +84,14 @@ ALL = (CASES + HELDOUT + HARVEST2 + HARVEST3 + HARVEST4 + HARVEST5 + HARVEST6 + 
        + HARVEST8 + HARVEST9 + HARVEST10 + HARVEST11 + HARVEST12 + HELDOUT12
        + HARVEST13)
 # Rendezvous that gave up (issue 24.4): 1/2 before distributed_init_timeout, 2/2 after.
-HERE14 = Path(__file__).parent / "fixtures" / "real-logs-14"
+HERE14 = FIXTURES / "real-logs-14"
 with (HERE14 / "HARVEST14.tsv").open() as _fh:
     HARVEST14 = [{**r, "file": str(HERE14 / r["file"])}
                  for r in csv.DictReader(_fh, delimiter="\t")]
 ALL += HARVEST14
 # Several starts in one log and dying after ready (issue 24.5-6): 4/12 and 1/3 held out
 # before the start splitter and the after-ready rules, 12/12 and 3/3 after.
-HERE15 = Path(__file__).parent / "fixtures" / "real-logs-15"
+HERE15 = FIXTURES / "real-logs-15"
 
 
 def _rows15(name: str) -> list[dict[str, str]]:
@@ -104,7 +105,7 @@ ALL += HARVEST15 + HELDOUT15
 # Other platforms' wordings and waits that can never end (issue 24.1, 24.4, 24.7): Ray
 # placement groups, rendezvous timeouts, TPU/Neuron/XPU memory, cut waits; 5/10 and 3/3
 # held out before the rules, 10/10 and 3/3 after.
-HERE16 = Path(__file__).parent / "fixtures" / "real-logs-16"
+HERE16 = FIXTURES / "real-logs-16"
 
 
 def _rows16(name: str) -> list[dict[str, str]]:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from tests import synth
+from tests.paths import FIXTURES, TRACES
 from vigil.verify import catalog, reducer
 from vigil.verify.budgets import Budgets
 from vigil.verify.reducer import evidence as reducer_evidence
@@ -23,8 +23,6 @@ from vigil.verify.snapshot import (
     Snapshot,
     Unit,
 )
-
-TRACES = Path(__file__).parent / "fixtures" / "traces"
 
 
 def fold(snaps: list[Snapshot], budgets: Budgets | None = None) -> list[reducer.WatchState]:
@@ -509,7 +507,7 @@ def test_gpu_memory_from_two_sources_is_never_compared() -> None:
     # "used" holds the driver's reservation, nvidia-smi's does not (7449.9 vs 6835 MiB).
     # A probe that falls back from NVML to nvidia-smi for one poll must not read the
     # difference as weights arriving.
-    real = json.loads((Path(__file__).parent / "fixtures" / "gpus" / "h200_vigil" / "busy"
+    real = json.loads((FIXTURES / "gpus" / "h200_vigil" / "busy"
                        / "probe_gpus.json").read_text())
     base = synth.Sim(has_gpus=True).snap()
     nvml = base.model_copy(update={"gpus": Gpus.model_validate(real["nvml"])})

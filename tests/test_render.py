@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.paths import REPO
 from vigil.desired import inventory
 from vigil.desired.render import TEMPLATES, env_quote, systemd_quote
 from vigil.desired.targets import resolve
 from vigil.errors import TemplateError
 
-REPO_INV = Path(__file__).resolve().parent.parent / "inventory"
+REPO_INV = REPO / "inventory"
 SECRETS = {"HF_TOKEN": "hf_s3cr3t-value"}
 
 

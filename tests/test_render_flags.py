@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.paths import REPO
 from vigil.desired import inventory
 from vigil.desired.config import HostVars, ModelProfile
 from vigil.desired.render import (
@@ -25,7 +26,7 @@ from vigil.desired.render import (
 from vigil.desired.stacks import Stack
 from vigil.errors import ConfigError, TemplateError
 
-REPO_INV = Path(__file__).resolve().parent.parent / "inventory"
+REPO_INV = REPO / "inventory"
 
 
 def _host(**extra: object) -> HostVars:

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from tests import synth
+from tests.paths import FIXTURES
 from vigil.errors import ConfigError
 from vigil.verify import replay
 
-LOGS = Path(__file__).parent / "fixtures" / "logs"
+LOGS = FIXTURES / "logs"
 ORDER = ["bootstrap", "engine_init", "distributed_init", "loading_weights", "compiling",
          "kv_cache", "capturing_graphs", "api_starting", "ready"]
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.paths import REPO
 from vigil.deploy.plan import make_plan
 from vigil.deploy.roles import parse_role_facts, plan_roles
 from vigil.desired import inventory, review
@@ -15,7 +16,6 @@ from vigil.desired.roles import BUILTIN, ROLES_DIR, load_all
 from vigil.desired.targets import resolve
 from vigil.errors import ConfigError, RefusedError, TemplateError
 
-REPO = Path(__file__).resolve().parent.parent
 USER_ROLES = REPO / "roles"  # this checkout's own roles (health-log); the built-ins ship
 ENV = {"HF_TOKEN": "x"}
 WITH_ROLE = "roles=[preflight,runtime,service,verify,health-log]"

@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 
 from lab import hosts as lab
+from tests.paths import REPO
 from vigil.desired import inventory
 from vigil.transport.base import Transport
 from vigil.transport.ssh import connect
 
 pytestmark = [pytest.mark.lab]
 
-REPO = Path(__file__).resolve().parent.parent
 INVOKE = str(REPO / ".venv" / "bin" / "invoke")
 HOST = "lab2"
 TIMER = "vigil-health-log.timer"

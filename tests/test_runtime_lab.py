@@ -23,12 +23,12 @@ import pytest
 
 from lab import hosts, wheels
 from tests.lab_fixtures import lab_hosts  # noqa: F401  (pytest fixture)
+from tests.paths import REPO
 from vigil.desired import inventory
 from vigil.tasks.runtime import drift
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
 
-REPO = Path(__file__).resolve().parent.parent
 INVOKE = str(Path(sys.executable).parent / "invoke")
 PORT = {"lab3": 8003, "lab4": 8004}
 INDEX = {"lab3": 3, "lab4": 4}

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.agent_payload import agent
+from tests.paths import REPO
 from vigil.deploy import seed
 from vigil.desired import inventory
 from vigil.desired.targets import Target, resolve
@@ -26,7 +27,6 @@ from vigil.verify.compile_cache import CompileCache
 from vigil.verify.reducer import PhaseSpan, Verdict
 from vigil.verify.watch import Outcome
 
-REPO = Path(__file__).resolve().parent.parent
 AOT = "torch_compile_cache/torch_aot_compile/" + "40d4ff84fc" + "5" * 54
 GRAPHS = "torch_compile_cache/1a2b3c4d5e"
 

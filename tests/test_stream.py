@@ -16,6 +16,7 @@ from invoke.config import Config
 from invoke.context import Context
 
 from tests.agent_payload import agent
+from tests.paths import TRACES
 from vigil.errors import ConfigError, HostError
 from vigil.tasks.common import watch_settings
 from vigil.transport import remote
@@ -23,7 +24,6 @@ from vigil.verify import reducer, replay, stream
 from vigil.verify.budgets import Budgets
 from vigil.verify.snapshot import Journal, LogLine, Snapshot, Unit
 
-TRACES = Path(__file__).resolve().parent / "fixtures" / "traces"
 SEQID = "9e5dabc134c34b9a92dc512b6cdddbb6"
 
 

@@ -24,11 +24,11 @@ from invoke.context import Context
 from invoke.exceptions import Exit
 from invoke.parser import Parser, ParserContext
 
+from tests.paths import REPO
 from vigil.tasks.collection import ns
 from vigil.tasks.project import DEFAULTS
 from vigil.verify import replay as replay_mod
 
-REPO = Path(__file__).resolve().parent.parent
 INVOKE = str(Path(sys.executable).parent / "invoke")
 HOSTS = """hosts:
   up:

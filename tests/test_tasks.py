@@ -16,11 +16,11 @@ import pytest
 from invoke.config import Config
 from invoke.context import Context
 
+from tests.paths import REPO
 from vigil.desired.targets import parse_sets
 from vigil.errors import ConfigError
 from vigil.tasks.common import watch_settings
 
-REPO = Path(__file__).resolve().parent.parent
 INVOKE = str(Path(sys.executable).parent / "invoke")
 HOSTS = """hosts:
   here:

@@ -7,11 +7,11 @@ import ast
 import json
 import re
 from enum import Enum
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.paths import REPO, TRACES
 from vigil.deploy import rollout
 from vigil.deploy.plan import ActionKind
 from vigil.exitcodes import VERDICT_EXIT
@@ -21,8 +21,7 @@ from vigil.verify.budgets import Budgets
 from vigil.verify.reducer import Verdict
 from vigil.verify.snapshot import Snapshot
 
-VIGIL = Path(__file__).parent.parent / "vigil"
-TRACES = Path(__file__).parent / "fixtures" / "traces"
+VIGIL = REPO / "vigil"
 # The controller's modules; the host agent keeps its strings (stdlib only, Python 3.8).
 CONTROLLER = sorted(p for p in VIGIL.rglob("*.py") if "host" not in p.relative_to(VIGIL).parts)
 # The reducer imports compile_cache, so compile_cache cannot import the Verdict back:

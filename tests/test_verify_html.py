@@ -18,13 +18,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.paths import REPO
 from vigil.verify import html, replay
 from vigil.verify.budgets import BudgetKey, Budgets, HistoryRecord, plan_budgets
 from vigil.verify.history import Mirror
 from vigil.verify.snapshot import Snapshot
 from vigil.verify.watch import Outcome
 
-REPO = Path(__file__).resolve().parent.parent
 TRACES = REPO / "tests" / "fixtures" / "traces"
 INVOKE = str(Path(sys.executable).parent / "invoke")
 

@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from lab import hosts as lab
+from tests.paths import REPO
 from vigil.deploy import apply as deploy_mod
 from vigil.desired import inventory
 from vigil.desired import targets as targets_mod
@@ -38,7 +39,7 @@ from vigil.verify.watch import Outcome, Settings, verify_target
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 HOST, INDEX = "lab5", 5
 POLL_S = 2.0
 SHORT_STALL_S = 30.0

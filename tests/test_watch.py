@@ -21,6 +21,7 @@ from typing import ClassVar
 import pytest
 
 from tests.conftest import target_in
+from tests.paths import REPO, TRACES
 from vigil.desired import targets as targets_mod
 from vigil.errors import HostError
 from vigil.transport import remote
@@ -30,8 +31,7 @@ from vigil.verify import history, reducer, replay, watch
 from vigil.verify.budgets import Budgets
 from vigil.verify.snapshot import Cache, CacheDir, Smoke, Snapshot, Unit
 
-ROOT = Path(__file__).resolve().parent.parent
-TRACES = Path(__file__).resolve().parent / "fixtures" / "traces"
+ROOT = REPO
 
 
 def lab_trace(name: str) -> list[Snapshot]:

@@ -9,15 +9,14 @@ import os
 import shutil
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from lab import hosts as lab
+from tests.paths import REPO
 
 pytestmark = [pytest.mark.lab]
 
-REPO = Path(__file__).resolve().parent.parent
 INDEX = 2
 HOST = lab.host_name(INDEX)
 
