@@ -606,7 +606,7 @@ def test_a10_kill_leaves_a_process_that_is_not_the_one_the_facts_saw() -> None:
 
 
 def test_a10_plan_carries_what_the_facts_saw_for_each_pid() -> None:
-    from tests.test_plan import facts_for, target
+    from tests.unit.test_plan import facts_for, target
     from vigil.deploy.plan import make_plan
 
     t = target()
@@ -1045,7 +1045,7 @@ def test_a15_max_model_len_is_bounded_by_the_other_keys_of_config_json(tmp_path:
     import json
 
     from tests.agent_payload import agent
-    from tests.test_plan import facts_for, target
+    from tests.unit.test_plan import facts_for, target
     from vigil.deploy.preflight import problems
 
     model = tmp_path / "model"
@@ -1109,7 +1109,7 @@ def test_i21_1_a_role_template_cannot_run_a_command_through_python_internals(
 def test_i21_1_a_service_template_renders_in_the_same_sandbox(tmp_path: Path) -> None:
     import shutil
 
-    from tests.test_render_flags import _host, _profile
+    from tests.unit.test_render_flags import _host, _profile
     from vigil.desired.render import TEMPLATES, render
 
     shutil.copytree(TEMPLATES, tmp_path / "t")
@@ -1285,7 +1285,7 @@ def test_i21_5_verify_plain_lines_are_cleaned() -> None:
     import dataclasses
     import io
 
-    from tests.test_verify_report import outcome
+    from tests.unit.test_verify_report import outcome
     from vigil.verify import report as verify_report
     from vigil.verify.budgets import Budgets
 
@@ -1331,7 +1331,7 @@ def test_i21_6_markup_in_host_text_neither_crashes_nor_styles_the_live_view() ->
     import dataclasses
     import io
 
-    from tests.test_verify_report import outcome
+    from tests.unit.test_verify_report import outcome
     from vigil.verify import report as verify_report
     from vigil.verify.budgets import Budgets
 
@@ -1386,7 +1386,7 @@ def test_i21_7_verify_html_reads_a_trace_with_line_separators_after_the_verdict(
         tmp_path: Path) -> None:
     import dataclasses
 
-    from tests.test_verify_report import outcome
+    from tests.unit.test_verify_report import outcome
     from vigil.verify import html as verify_html
     from vigil.verify.snapshot import Journal, LogLine
 
@@ -2239,7 +2239,7 @@ LOOPBACKS = ["127.0.0.1", "LOCALHOST", "localhost.", "Localhost.localdomain", "i
 @pytest.mark.parametrize("addr", LOOPBACKS)
 def test_i21_17_every_spelling_of_loopback_is_refused_as_a_multi_node_master(
         tmp_path: Path, addr: str) -> None:
-    from tests.test_groups import _resolve
+    from tests.unit.test_groups import _resolve
 
     with pytest.raises(ConfigError) as err:
         _resolve(tmp_path, f"head: gpu-a\nworkers: [gpu-b]\nmodel: glm-5-pp2\n"
@@ -2406,7 +2406,7 @@ def _hostile_history(good: dict[str, Any]) -> tuple[str, list[str]]:
 
 
 def test_i21_15_hostile_history_lines_are_ignored_with_one_warning_each() -> None:
-    from tests.test_history import rec
+    from tests.unit.test_history import rec
     from vigil.verify import history
 
     text, bad_lines = _hostile_history(rec(100.0).to_dict())
@@ -2427,7 +2427,7 @@ def test_i21_15_hostile_rows_of_the_mirror_are_ignored_and_history_still_prints(
     import json
     import sqlite3
 
-    from tests.test_history import rec
+    from tests.unit.test_history import rec
     from vigil.verify.history import Mirror, record_id
 
     state = tmp_path / "state"
@@ -2456,7 +2456,7 @@ def test_i21_15_a_nan_quiet_time_in_host_history_cannot_turn_stall_detection_off
     import math
 
     from tests.conftest import target_in
-    from tests.test_watch import FakeClock, RecordedHost, lab_trace
+    from tests.unit.test_watch import FakeClock, RecordedHost, lab_trace
     from vigil.verify import watch
 
     target = target_in(tmp_path, "hosts:\n  lab5: {address: 127.0.0.1, ssh_port: 2205, "

@@ -16,7 +16,7 @@ import pytest
 
 from tests.agent_payload import agent
 from tests.paths import FIXTURES
-from tests.test_plan import facts_for, target
+from tests.unit.test_plan import facts_for, target
 from vigil.deploy.gpucheck import (
     MIN_DRIVER,
     GpuPolicy,

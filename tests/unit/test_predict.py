@@ -449,7 +449,7 @@ def test_verify_says_the_prediction_before_the_watch_and_keeps_it_on_the_outcome
     """End to end on the lab's cold trace, the host faked: a first start (no history),
     then the same start again, predicted from the first and measured against it."""
     from tests.conftest import target_in
-    from tests.test_watch import FakeClock, RecordedHost, lab_trace
+    from tests.unit.test_watch import FakeClock, RecordedHost, lab_trace
 
     t = target_in(tmp_path, "hosts:\n  lab5: {address: 127.0.0.1, ssh_port: 2205, "
                   "model: tiny-cpu, stack: lab-cpu}\n", "lab5")

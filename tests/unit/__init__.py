@@ -1,0 +1,1 @@
+"""Unit tests: no lab host, no network; this machine only."""
