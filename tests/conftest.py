@@ -1,20 +1,27 @@
-"""Shared fixtures: the real lab hosts (see tests/lab_fixtures.py) and small inventories."""
+"""Shared fixtures: the real lab hosts (see tests/lab_fixtures.py); the folder a test
+lives in says its kind. Shared doubles and builders: tests/doubles.py."""
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.lab_fixtures import lab_hosts
-from tests.paths import REPO
-from vigil.desired import inventory
-from vigil.desired import targets as targets_mod
+from tests.paths import TESTS
 
-__all__ = ["lab_hosts", "target_in"]
+__all__ = ["lab_hosts"]
 
+LAB = TESTS / "lab"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test under tests/lab/ needs lab hosts: it is marked ``lab`` by its folder,
+    so ``-m "not lab and not vllm"`` selects exactly the tests under tests/unit/."""
+    for item in items:
+        if Path(item.path).resolve().is_relative_to(LAB):
+            item.add_marker(pytest.mark.lab)
 
 
 @pytest.fixture(autouse=True)
@@ -28,14 +35,3 @@ def _agent_records_hashes_in_a_scratch_file(
     monkeypatch.setattr(agent, "WRITTEN", str(tmp_path_factory.mktemp("agent-state") /
                                                "role-hashes.json"))
     yield
-
-
-def target_in(tmp_path: Path, hosts_yml: str, host: str,
-              operator_env: Mapping[str, str] | None = None) -> targets_mod.Target:
-    """Resolve `host` in a throwaway inventory: the shipped profiles and stacks plus
-    the given hosts.yml."""
-    inv = tmp_path / "inventory"
-    for part in ("models", "stacks"):
-        shutil.copytree(REPO / "inventory" / part, inv / part)
-    (inv / "hosts.yml").write_text(hosts_yml)
-    return targets_mod.resolve(inventory.load(inv), host, operator_env=operator_env or {})[0]

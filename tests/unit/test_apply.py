@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.unit.test_plan import facts_for, target
+from tests.doubles import facts_for, target
 from vigil.deploy import apply
 from vigil.deploy.plan import Plan, make_plan
 from vigil.errors import HostError

@@ -306,7 +306,7 @@ def test_the_watch_records_the_rendered_factors_and_compares_with_the_host_s_las
         tmp_path: Path) -> None:
     """verify's own call: the factors come from the rendered unit (flags, the environment
     file's VLLM_* variables, never a secret), the stack and the GPUs of the first poll."""
-    from tests.conftest import target_in
+    from tests.doubles import target_in
     from vigil.verify import watch
     from vigil.verify.snapshot import Gpu, Gpus
 

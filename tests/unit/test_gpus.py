@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from tests.agent_payload import agent
+from tests.doubles import facts_for, target
 from tests.paths import FIXTURES
-from tests.unit.test_plan import facts_for, target
 from vigil.deploy.gpucheck import (
     MIN_DRIVER,
     GpuPolicy,

@@ -420,8 +420,8 @@ def test_history_key_includes_the_layout() -> None:
 
 
 def test_preflight_judges_a_node_by_its_share_of_the_layout() -> None:
+    from tests.doubles import facts_for
     from tests.unit.test_gpus import capture
-    from tests.unit.test_plan import facts_for
     from vigil.deploy.preflight import problems
 
     g = resolve_group(inventory.load(GOLDEN / "inventory"), "glm-native", operator_env=ENV)
@@ -696,7 +696,7 @@ def test_watch_group_of_ray_waits_for_the_cluster() -> None:
 def _local_release(tmp_path: Path) -> tuple[Target, Path]:
     """A target on this machine (the real agent over the local transport) whose env file
     holds A=1."""
-    from tests.conftest import target_in
+    from tests.doubles import target_in
 
     t = target_in(tmp_path, "hosts:\n  h1: {connection: local, model: tiny-cpu, stack: "
                   f"lab-cpu, config_dir: {tmp_path}/etc, unit_dir: {tmp_path}/units, "

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import target_in
+from tests.doubles import target_in
 from tests.paths import REPO
 from vigil.desired import targets as targets_mod
 from vigil.desired.config import Gpu

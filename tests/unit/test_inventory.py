@@ -605,7 +605,7 @@ def test_no_model_fix_names_the_users_inventory(tmp_path: Path) -> None:
 
 
 def test_missing_weights_fix_names_the_profile_key_path() -> None:
-    from tests.unit.test_plan import facts_for, target
+    from tests.doubles import facts_for, target
     from vigil.deploy.preflight import problems
 
     t = target()

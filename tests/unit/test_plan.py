@@ -2,56 +2,19 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
 
+from tests.doubles import facts_for, target
 from tests.paths import REPO
-from vigil.deploy.facts import HostFacts, parse_facts
+from vigil.deploy.facts import HostFacts
 from vigil.deploy.plan import make_plan
 from vigil.deploy.preflight import check_host
-from vigil.desired import inventory
-from vigil.desired.targets import Target, resolve
+from vigil.desired.targets import Target
 from vigil.errors import PermissionDeniedError, RefusedError
 
 REPO_INV = REPO / "inventory"
-ENV = {"HF_TOKEN": "hf_old"}
-
-
-def target(*sets: str, env: dict[str, str] = ENV) -> Target:
-    inv = inventory.load(REPO_INV)
-    (t,) = resolve(inv, "llm-one", model="glm-5", sets=list(sets), operator_env=env)
-    return t
-
-
-def facts_for(t: Target, **changes: Any) -> HostFacts:
-    """Facts of a host that already runs exactly `t`, then `changes` applied."""
-    data: dict[str, Any] = {
-        "uid": 0,
-        "files": {"unit": t.rendered.unit_text, "env": t.rendered.env_text},
-        "writable": {"unit": True, "env": True, "envs": True, "state": True},
-        "current": t.rendered.paths.env_dir,
-        "env_complete": True,
-        "packages": {n: v for n, v in t.stack.packages.items()},
-        "env_error": None,
-        "service": {"ActiveState": "active", "SubState": "running", "MainPID": "4242",
-                    "NRestarts": "0", "UnitFileState": "enabled", "LoadState": "loaded"},
-        "health": {"status": 200},
-        "service_user_exists": True,
-        "model": {"kind": "path", "exists": True,
-                  "config": {"max_position_embeddings": 202752, "num_attention_heads": 64}},
-        "disk_free_bytes": 500 * 2**30,
-        "backup": True,
-    }
-    for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(data.get(key), dict):
-            data[key] = {**data[key], **value}
-        else:
-            data[key] = value
-    return parse_facts("llm-one", json.loads(json.dumps(data)))  # as it crosses the wire
-
-
 def kinds(t: Target, f: HostFacts, **kw: Any) -> list[str]:
     return [a.kind for a in make_plan("llm-one", t.stack, t.rendered, f, **kw).actions]
 

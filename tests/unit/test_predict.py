@@ -274,7 +274,7 @@ def test_an_already_serving_service_is_not_measured_against_its_prediction() -> 
 def test_verify_predicts_from_the_rendered_target_and_the_first_poll(tmp_path: Path) -> None:
     """The watch's own call: the factors come from the rendered unit, the directory from
     the first poll; a hashed variable changed since the last ready start predicts cold."""
-    from tests.conftest import target_in
+    from tests.doubles import target_in
 
     hosts = "hosts:\n  lab5: {address: 127.0.0.1, model: tiny-cpu, stack: lab-cpu}\n"
     t = target_in(tmp_path, hosts, "lab5")
@@ -297,7 +297,7 @@ def test_verify_predicts_from_the_rendered_target_and_the_first_poll(tmp_path: P
 
 def test_deploy_check_says_each_planned_restart_s_prediction_and_keeps_it_in_the_json(
         tmp_path: Path) -> None:
-    from tests.conftest import target_in
+    from tests.doubles import target_in
     from vigil.report import HostResult, Log, results_json, summary_table
     from vigil.tasks.deploy import predict_restarts
     from vigil.verify.history import Mirror
@@ -329,7 +329,7 @@ def test_deploy_check_says_each_planned_restart_s_prediction_and_keeps_it_in_the
 
 def test_deploy_check_without_a_history_mirror_creates_none_and_says_no_history(
         tmp_path: Path) -> None:
-    from tests.conftest import target_in
+    from tests.doubles import target_in
     from vigil.report import HostResult, Log
     from vigil.tasks.deploy import predict_restarts
 
@@ -381,7 +381,7 @@ def test_a_start_expected_warm_that_misses_is_then_predicted_from_cold_starts() 
 
 
 def test_a_warm_expectation_carries_its_cold_twin(tmp_path: Path) -> None:
-    from tests.conftest import target_in
+    from tests.doubles import target_in
 
     t = target_in(tmp_path, "hosts:\n  lab5: {address: 127.0.0.1, model: tiny-cpu, "
                   "stack: lab-cpu}\n", "lab5")
@@ -448,8 +448,7 @@ def test_verify_says_the_prediction_before_the_watch_and_keeps_it_on_the_outcome
         tmp_path: Path) -> None:
     """End to end on the lab's cold trace, the host faked: a first start (no history),
     then the same start again, predicted from the first and measured against it."""
-    from tests.conftest import target_in
-    from tests.unit.test_watch import FakeClock, RecordedHost, lab_trace
+    from tests.doubles import FakeClock, RecordedHost, lab_trace, target_in
 
     t = target_in(tmp_path, "hosts:\n  lab5: {address: 127.0.0.1, ssh_port: 2205, "
                   "model: tiny-cpu, stack: lab-cpu}\n", "lab5")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from tests.doubles import facts_for, target
 from tests.unit.test_gpus import capture
-from tests.unit.test_plan import facts_for, target
 from vigil.deploy.preflight import problems
 
 

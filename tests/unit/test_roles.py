@@ -76,7 +76,7 @@ def test_unit_settings_come_from_the_host_variables(inv_dir: Path) -> None:
 
 
 def test_runtime_role_settings_reach_the_plan(inv_dir: Path) -> None:
-    from tests.unit.test_plan import facts_for
+    from tests.doubles import facts_for
 
     inv = inventory.load(inv_dir, USER_ROLES)
     (t,) = resolve(inv, "llm-one", model="glm-5", operator_env=ENV,

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.conftest import target_in
+from tests.doubles import target_in
 from vigil.deploy import apply, hooks, rollout
 from vigil.desired import inventory
 from vigil.desired import targets as targets_mod

@@ -386,7 +386,7 @@ def test_shipped_stacks_hold_their_own_rules() -> None:
 
 
 def test_reinstall_builds_beside_and_old_environments_are_collected() -> None:
-    from tests.unit.test_plan import facts_for, target
+    from tests.doubles import facts_for, target
     from vigil.deploy.plan import make_plan
     from vigil.deploy.runtime import collect, install_dir
 
@@ -414,7 +414,7 @@ def test_reinstall_builds_beside_and_old_environments_are_collected() -> None:
 
 
 def test_drift_in_the_live_env_is_repaired_beside_it() -> None:
-    from tests.unit.test_plan import facts_for, target
+    from tests.doubles import facts_for, target
     from vigil.deploy.plan import make_plan
 
     t = target()

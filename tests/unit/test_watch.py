@@ -12,7 +12,6 @@ import dataclasses
 import http.server
 import json
 import re
-import shlex
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,106 +19,18 @@ from typing import ClassVar
 
 import pytest
 
-from tests.conftest import target_in
+from tests.doubles import FakeClock, RecordedHost, agent_verb, lab_trace, target_in
 from tests.paths import REPO, TRACES
 from vigil.desired import targets as targets_mod
 from vigil.errors import HostError
 from vigil.transport import remote
-from vigil.transport.base import Held, Result
+from vigil.transport.base import Result
 from vigil.transport.local import LocalTransport
 from vigil.verify import history, reducer, replay, watch
 from vigil.verify.budgets import Budgets
 from vigil.verify.snapshot import Cache, CacheDir, Smoke, Snapshot, Unit
 
 ROOT = REPO
-
-
-def lab_trace(name: str) -> list[Snapshot]:
-    kind, snaps = replay.load(TRACES / name)
-    assert kind == "trace"
-    return snaps
-
-
-def agent_verb(command: str) -> str | None:
-    """The agent verb a command runs (the word after the agent's bootstrap), else None."""
-    if shlex.quote(remote.BOOTSTRAP) not in command:
-        return None
-    return command.rsplit(" ", 1)[-1]
-
-
-class RecordedHost:
-    """A Transport replaying a recorded trace: probe → next snapshot, smoke → its result."""
-
-    def __init__(self, snaps: list[Snapshot], *, history_text: str = "", cores: int = 2,
-                 fail_probes: int = 0) -> None:
-        self.name = "lab5"
-        self.round_trips = 0
-        self.snaps = list(snaps)
-        self.i = 0
-        self.history = history_text
-        self.cores = cores
-        self.fail_probes = fail_probes
-        self.commands: list[tuple[str, str]] = []
-
-    def run(self, command: str, *, stdin: str = "", timeout: float | None = None) -> Result:
-        self.round_trips += 1
-        self.commands.append((command, stdin))
-        verb = agent_verb(command)
-        if verb == "probe":
-            if self.fail_probes:
-                self.fail_probes -= 1
-                raise HostError(self.name, "command timed out after 60 s")
-            snap = self.snaps[min(self.i, len(self.snaps) - 1)]
-            self.i += 1
-            return Result(snap.model_copy(update={"smoke": None}).to_json() + "\n", "", 0)
-        if verb == "smoke":
-            recorded = self.snaps[max(self.i - 1, 0)].smoke
-            assert recorded is not None, "smoke sent where the real run sent none"
-            return Result(json.dumps(recorded.model_dump()) + "\n", "", 0)
-        if verb == "history":
-            append = json.loads(remote.verb_input(stdin))["append"]
-            if append is not None:
-                self.history += json.dumps(append) + "\n"
-            return Result(json.dumps({"cores": self.cores, "text": self.history}), "", 0)
-        raise AssertionError(f"unexpected command {command[:80]}")
-
-    def hold(self, command: str) -> Held:
-        # The watcher's stream: the same recorded snapshots, one line each after a hello.
-        self.round_trips += 1
-        assert agent_verb(command) == "stream", command[:80]
-        self.commands.append((command, ""))
-        return RecordedStream(self, len(self.commands) - 1)
-
-    def close(self) -> None:
-        pass
-
-
-class RecordedStream:
-    """The agent's `stream` verb over a RecordedHost: hello, then each recorded snapshot."""
-
-    def __init__(self, host: RecordedHost, slot: int) -> None:
-        self.host, self.slot = host, slot
-        self.said_hello = False
-
-    def send(self, text: str) -> None:
-        command, sent = self.host.commands[self.slot]
-        self.host.commands[self.slot] = (command, sent + text)
-
-    def readline(self, timeout: float) -> str | None:
-        if not self.said_hello:
-            self.said_hello = True
-            return json.dumps({"k": "hello", "v": 1, "pid": 4242}) + "\n"
-        h = self.host
-        snap = h.snaps[min(h.i, len(h.snaps) - 1)]
-        h.i += 1
-        data = json.loads(snap.model_copy(update={"smoke": None}).to_json())
-        return json.dumps({"k": "snap", "snap": data}) + "\n"
-
-    def alive(self) -> bool:
-        return True
-
-    def release(self) -> None:
-        pass
 
 
 class RecordingLocal(LocalTransport):
@@ -132,19 +43,6 @@ class RecordingLocal(LocalTransport):
     def run(self, command: str, *, stdin: str = "", timeout: float | None = None) -> Result:
         self.sent.append((command, stdin))
         return super().run(command, stdin=stdin, timeout=timeout)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.t
-
-    def sleep(self, s: float) -> None:
-        self.sleeps.append(s)
-        self.t += s
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import safetensors
 
 from lab import tiny_model
 from tests.agent_payload import agent
-from tests.unit.test_plan import facts_for, target
+from tests.doubles import facts_for, target
 from vigil.deploy import weights
 from vigil.deploy.preflight import problems
 

@@ -1,0 +1,200 @@
+"""Test doubles and builders that several test modules share: one definition each.
+
+A module's own helpers stay in it; what two or more modules use lives here.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import shutil
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.paths import REPO, TRACES
+from vigil.deploy.facts import HostFacts, parse_facts
+from vigil.desired import inventory
+from vigil.desired.targets import Target, resolve
+from vigil.errors import HostError
+from vigil.transport import remote
+from vigil.transport.base import Held, Result
+from vigil.verify import replay
+from vigil.verify.snapshot import Snapshot
+
+# -- a user's ssh setup --------------------------------------------------------------------
+
+
+def fake_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    return home
+
+
+def other_key(tmp_path: Path) -> tuple[str, str]:
+    key = tmp_path / "other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)],
+                   check=True)
+    keytype, data = (tmp_path / "other.pub").read_text().split()[:2]
+    return keytype, data
+
+
+# -- a resolved target and the facts of a host that runs it --------------------------------
+
+
+ENV = {"HF_TOKEN": "hf_old"}
+
+
+def target(*sets: str, env: dict[str, str] = ENV) -> Target:
+    inv = inventory.load(REPO / "inventory")
+    (t,) = resolve(inv, "llm-one", model="glm-5", sets=list(sets), operator_env=env)
+    return t
+
+
+def facts_for(t: Target, **changes: Any) -> HostFacts:
+    """Facts of a host that already runs exactly `t`, then `changes` applied."""
+    data: dict[str, Any] = {
+        "uid": 0,
+        "files": {"unit": t.rendered.unit_text, "env": t.rendered.env_text},
+        "writable": {"unit": True, "env": True, "envs": True, "state": True},
+        "current": t.rendered.paths.env_dir,
+        "env_complete": True,
+        "packages": {n: v for n, v in t.stack.packages.items()},
+        "env_error": None,
+        "service": {"ActiveState": "active", "SubState": "running", "MainPID": "4242",
+                    "NRestarts": "0", "UnitFileState": "enabled", "LoadState": "loaded"},
+        "health": {"status": 200},
+        "service_user_exists": True,
+        "model": {"kind": "path", "exists": True,
+                  "config": {"max_position_embeddings": 202752, "num_attention_heads": 64}},
+        "disk_free_bytes": 500 * 2**30,
+        "backup": True,
+    }
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **value}
+        else:
+            data[key] = value
+    return parse_facts("llm-one", json.loads(json.dumps(data)))  # as it crosses the wire
+
+
+# -- a recorded host, its stream and a fake clock for the watcher --------------------------
+
+
+def lab_trace(name: str) -> list[Snapshot]:
+    kind, snaps = replay.load(TRACES / name)
+    assert kind == "trace"
+    return snaps
+
+
+def agent_verb(command: str) -> str | None:
+    """The agent verb a command runs (the word after the agent's bootstrap), else None."""
+    if shlex.quote(remote.BOOTSTRAP) not in command:
+        return None
+    return command.rsplit(" ", 1)[-1]
+
+
+class RecordedHost:
+    """A Transport replaying a recorded trace: probe → next snapshot, smoke → its result."""
+
+    def __init__(self, snaps: list[Snapshot], *, history_text: str = "", cores: int = 2,
+                 fail_probes: int = 0) -> None:
+        self.name = "lab5"
+        self.round_trips = 0
+        self.snaps = list(snaps)
+        self.i = 0
+        self.history = history_text
+        self.cores = cores
+        self.fail_probes = fail_probes
+        self.commands: list[tuple[str, str]] = []
+
+    def run(self, command: str, *, stdin: str = "", timeout: float | None = None) -> Result:
+        self.round_trips += 1
+        self.commands.append((command, stdin))
+        verb = agent_verb(command)
+        if verb == "probe":
+            if self.fail_probes:
+                self.fail_probes -= 1
+                raise HostError(self.name, "command timed out after 60 s")
+            snap = self.snaps[min(self.i, len(self.snaps) - 1)]
+            self.i += 1
+            return Result(snap.model_copy(update={"smoke": None}).to_json() + "\n", "", 0)
+        if verb == "smoke":
+            recorded = self.snaps[max(self.i - 1, 0)].smoke
+            assert recorded is not None, "smoke sent where the real run sent none"
+            return Result(json.dumps(recorded.model_dump()) + "\n", "", 0)
+        if verb == "history":
+            append = json.loads(remote.verb_input(stdin))["append"]
+            if append is not None:
+                self.history += json.dumps(append) + "\n"
+            return Result(json.dumps({"cores": self.cores, "text": self.history}), "", 0)
+        raise AssertionError(f"unexpected command {command[:80]}")
+
+    def hold(self, command: str) -> Held:
+        # The watcher's stream: the same recorded snapshots, one line each after a hello.
+        self.round_trips += 1
+        assert agent_verb(command) == "stream", command[:80]
+        self.commands.append((command, ""))
+        return RecordedStream(self, len(self.commands) - 1)
+
+    def close(self) -> None:
+        pass
+
+
+class RecordedStream:
+    """The agent's `stream` verb over a RecordedHost: hello, then each recorded snapshot."""
+
+    def __init__(self, host: RecordedHost, slot: int) -> None:
+        self.host, self.slot = host, slot
+        self.said_hello = False
+
+    def send(self, text: str) -> None:
+        command, sent = self.host.commands[self.slot]
+        self.host.commands[self.slot] = (command, sent + text)
+
+    def readline(self, timeout: float) -> str | None:
+        if not self.said_hello:
+            self.said_hello = True
+            return json.dumps({"k": "hello", "v": 1, "pid": 4242}) + "\n"
+        h = self.host
+        snap = h.snaps[min(h.i, len(h.snaps) - 1)]
+        h.i += 1
+        data = json.loads(snap.model_copy(update={"smoke": None}).to_json())
+        return json.dumps({"k": "snap", "snap": data}) + "\n"
+
+    def alive(self) -> bool:
+        return True
+
+    def release(self) -> None:
+        pass
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.sleeps.append(s)
+        self.t += s
+
+
+# -- a target resolved in a throwaway inventory --------------------------------------------
+
+
+def target_in(tmp_path: Path, hosts_yml: str, host: str,
+              operator_env: Mapping[str, str] | None = None) -> Target:
+    """Resolve `host` in a throwaway inventory: the shipped profiles and stacks plus
+    the given hosts.yml."""
+    inv = tmp_path / "inventory"
+    for part in ("models", "stacks"):
+        shutil.copytree(REPO / "inventory" / part, inv / part)
+    (inv / "hosts.yml").write_text(hosts_yml)
+    return resolve(inventory.load(inv), host, operator_env=operator_env or {})[0]
