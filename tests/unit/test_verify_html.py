@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.paths import REPO
-from vigil.verify import html, replay
+from vigil.verify import html, reducer, replay
 from vigil.verify.budgets import BudgetKey, Budgets, HistoryRecord, plan_budgets
 from vigil.verify.history import Mirror
 from vigil.verify.snapshot import Snapshot
@@ -178,7 +178,7 @@ def test_the_page_renders_in_a_real_browser(tmp_path: Path) -> None:
     assert (width, height) == (1280, 1600)
     assert len(colours) > 50  # text, bars, charts: not a blank page
     assert hex_rgb(html.VERDICT_COLOUR["crashed"]) in colours  # the verdict's bar is drawn
-    assert hex_rgb(html.PALETTE[1]) in colours  # engine_init's timeline bar
+    assert hex_rgb(html.PALETTE[reducer.PHASES.index("engine_init")]) in colours  # its timeline bar
     # the same page for a ready start shows its colour instead
     html.write(str(page), html.start_page([ready]))
     browser(page, tmp_path / "ready.png")
