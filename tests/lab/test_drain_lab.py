@@ -8,7 +8,7 @@ out and put it back), the other ignores the pool and keeps sending throughout. v
 --shutdown-timeout (the profile's shutdown_timeout_s) lets the requests in flight at the
 SIGTERM finish; the test also checks that at least one did straddle the stop.
 
-    flock /tmp/vigil-lab.lock .venv/bin/python -m pytest -q tests/test_drain_lab.py
+    flock /tmp/vigil-lab.lock .venv/bin/python -m pytest -q tests/lab/test_drain_lab.py
 """
 
 from __future__ import annotations

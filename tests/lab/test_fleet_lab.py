@@ -5,7 +5,7 @@ The stand-in replaces only the vLLM process: vigil installs it from its stack, r
 the unit, restarts it and verifies the start phase by phase with a real streamed
 completion, as it does for vLLM. Run under the lab lock:
 
-    flock /tmp/vigil-lab.lock .venv/bin/python -m pytest -q tests/test_fleet_lab.py
+    flock /tmp/vigil-lab.lock .venv/bin/python -m pytest -q tests/lab/test_fleet_lab.py
 """
 
 from __future__ import annotations

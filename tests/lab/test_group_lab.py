@@ -385,7 +385,7 @@ def test_a_ray_group_forms_its_cluster_and_the_cpu_build_refuses_it(
     assert result.status == "changed", lines
     assert result.plan is not None
     assert [s.key for s in result.plan.steps] == ["lab7/ray", "lab3/ray", "lab7"]
-    # the group tasks say this note first (tests/test_groups.py); the library does not
+    # the group tasks say this note first (tests/unit/test_groups.py); the library does not
     assert any("vLLM will refuse this group at engine start" in n for n in ray_group.notes)
     seen: list[GroupState] = []
     watch = verify_group(ray_group, Settings(poll_s=3, stall_s=240), on_poll=seen.append,

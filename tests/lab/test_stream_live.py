@@ -4,7 +4,7 @@ host's own sshd (read only).
 
 The stream with the real vLLM CPU build (a channel dropped mid-start, resumed without
 a line lost or repeated; kill -9 of the engine core → `engine_killed`) is in
-tests/test_verify_live.py, on the same start."""
+tests/lab/test_verify_live.py, on the same start."""
 
 from __future__ import annotations
 

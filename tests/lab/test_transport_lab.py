@@ -74,7 +74,7 @@ def test_changed_host_key_is_refused(
 
 @pytest.mark.lab
 def test_no_opt_out_of_host_key_checks(lab_hosts: list[lab.HostStatus]) -> None:
-    # host_key_check: false accepted any key; it is refused now (tests/test_attacks.py
+    # host_key_check: false accepted any key; it is refused now (tests/lab/test_attacks_lab.py
     # covers pins and accept-new, the explicit choices that replace it).
     with pytest.raises(ValueError, match="host_key_check was removed"):
         lab_vars(known_hosts=None, host_key_check=False)

@@ -10,7 +10,7 @@ from tests.paths import REPO
 from vigil.deploy.plan import ActionKind
 from vigil.host import payload
 
-# The plans apply sends (tests/test_apply.py holds it to them): release, roles, seed.
+# The plans apply sends (tests/unit/test_apply.py holds it to them): release, roles, seed.
 DEPLOY = REPO / "vigil" / "deploy"
 PLANNERS = [DEPLOY / "plan.py", DEPLOY / "roles.py", DEPLOY / "seed.py"]
 

@@ -4,7 +4,7 @@ group deploy plan and the group verdict — all pure, no host.
 Golden files: tests/fixtures/golden-groups/rendered/<group>/<host>/. After a deliberate
 change regenerate and review the diff:
 
-    VIGIL_REGEN_GOLDEN=1 .venv/bin/python -m pytest -q tests/test_groups.py -k golden
+    VIGIL_REGEN_GOLDEN=1 .venv/bin/python -m pytest -q tests/unit/test_groups.py -k golden
 """
 
 from __future__ import annotations
@@ -573,7 +573,7 @@ def test_a_ray_unit_is_a_release_of_its_own() -> None:
         ("gpu-c/ray", "gpu-d/ray", "gpu-c"), False)).steps[2]) is head.target
 
 
-# -- real journals of a PP=2 group start on the lab (tests/test_group_lab.py, 2026-11-30) --
+# -- real journals of a PP=2 group start on the lab (tests/lab/test_group_lab.py, 2026-11-30) --
 
 LOGS = REPO / "tests" / "fixtures" / "group-logs"
 
@@ -612,7 +612,7 @@ def test_real_pp2_journals_while_the_worker_installs() -> None:
 
 
 def test_real_journals_of_a_ranks_only_worker_kill_crash_the_group_naming_it() -> None:
-    # tests/test_group_lab.py's PP=2 group (2026-11-30): lab2's rank Worker_PP1 alone
+    # tests/lab/test_group_lab.py's PP=2 group (2026-11-30): lab2's rank Worker_PP1 alone
     # SIGKILLed once joined; lab2's main process logs its executor's "[shutdown] … all
     # workers exited gracefully", then its traceback: a crash (a stop needs its trigger)
     head = _node_state("lab1-head-pp2-worker-ranks-killed.log")
@@ -627,7 +627,7 @@ def test_real_journals_of_a_ranks_only_worker_kill_crash_the_group_naming_it() -
 # -- a Ray group's cluster -----------------------------------------------------------
 
 # real: verify's RAY_NODES (`ray.nodes()` as JSON) on lab7, the Ray head of a group that
-# vigil deployed on lab7 and lab3 with Ray 2.60.0 (tests/test_group_lab.py, 2026-11-30)
+# vigil deployed on lab7 and lab3 with Ray 2.60.0 (tests/lab/test_group_lab.py, 2026-11-30)
 RAY_NODES_OUT = (LOGS / "ray-2.60.0-nodes-lab7-lab3.json").read_text()
 
 

