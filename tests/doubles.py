@@ -198,3 +198,35 @@ def target_in(tmp_path: Path, hosts_yml: str, host: str,
         shutil.copytree(REPO / "inventory" / part, inv / part)
     (inv / "hosts.yml").write_text(hosts_yml)
     return resolve(inventory.load(inv), host, operator_env=operator_env or {})[0]
+
+
+# -- an inventory of the shipped profiles and stacks and the given hosts -------------------
+
+
+def linked_inventory(root: Path, hosts_yml: str,
+                     node_groups: Mapping[str, str] | None = None) -> Path:
+    """`root`/inventory: the repository's models/ and stacks/ linked in, `hosts_yml` as
+    its hosts.yml and each of `node_groups` (file name → text) under node_groups/."""
+    inv = root / "inventory"
+    inv.mkdir(parents=True)
+    for part in ("models", "stacks"):
+        (inv / part).symlink_to(REPO / "inventory" / part)
+    (inv / "hosts.yml").write_text(hosts_yml)
+    for name, text in (node_groups or {}).items():
+        (inv / "node_groups").mkdir(exist_ok=True)
+        (inv / "node_groups" / name).write_text(text)
+    return inv
+
+
+# -- a vLLM log that crashes: its GPU memory held by another process -----------------------
+
+
+CRASHED_LOG = (
+    "(APIServer pid=1) INFO 11-29 10:00:00 [a.py:1] vLLM server version 0.33.0\n"
+    "(EngineCore_DP0 pid=2) INFO 11-29 10:00:05 [c.py:1] Initializing a V1 LLM engine "
+    "(v0.33.0) with config: x\n"
+    "(EngineCore_DP0 pid=2) ERROR 11-29 10:00:09 [c.py:1] EngineCore failed to start.\n"
+    "Traceback (most recent call last):\n"
+    "ValueError: Free memory on device cuda:0 (1.2/79.1 GiB) on startup is less than "
+    "desired GPU memory utilization (0.92, 72.8 GiB).\n"
+)

@@ -38,6 +38,7 @@ import pytest
 
 from lab import hosts as lab
 from lab import wheels
+from tests.doubles import linked_inventory
 from tests.paths import REPO
 from vigil.deploy.apply import Options
 from vigil.deploy.group import deploy_group
@@ -91,12 +92,8 @@ def sh(i: int, command: str) -> str:
 @pytest.fixture(scope="module")
 def group(lab_hosts: list[lab.HostStatus], tmp_path_factory: pytest.TempPathFactory,
           ) -> NodeGroup:
-    inv = tmp_path_factory.mktemp("group") / "inventory"
-    (inv / "node_groups").mkdir(parents=True)
-    for part in ("models", "stacks"):
-        (inv / part).symlink_to(REPO / "inventory" / part)
-    (inv / "hosts.yml").write_text(HOSTS_YML)
-    (inv / "node_groups" / "tiny-pp2.yml").write_text(GROUP_YML)
+    inv = linked_inventory(tmp_path_factory.mktemp("group"), HOSTS_YML,
+                           {"tiny-pp2.yml": GROUP_YML})
     return resolve_group(inventory.load(inv), "tiny-pp2", operator_env={})
 
 
@@ -219,12 +216,7 @@ def test_a_failure_on_one_node_rolls_every_node_back(group: NodeGroup, tmp_path:
     a = deploy_group(group, Options(wait=False, state_dir=tmp_path), Log(out))
     assert a.status in ("ok", "changed"), out.getvalue()  # ok after the first test
     release_a = {n: _release(n, group) for n in group.names}
-    inv = tmp_path / "inventory"
-    (inv / "node_groups").mkdir(parents=True)
-    for part in ("models", "stacks"):
-        (inv / part).symlink_to(REPO / "inventory" / part)
-    (inv / "hosts.yml").write_text(BROKEN_HOSTS_YML)
-    (inv / "node_groups" / "tiny-pp2.yml").write_text(GROUP_YML)
+    inv = linked_inventory(tmp_path, BROKEN_HOSTS_YML, {"tiny-pp2.yml": GROUP_YML})
     proc = subprocess.run(
         [str(REPO / ".venv" / "bin" / "invoke"), "group.deploy", "--name", "tiny-pp2",
          "--rollback-failed"], cwd=REPO, capture_output=True, text=True, timeout=900,
@@ -356,12 +348,8 @@ def ray_group(lab_hosts: list[lab.HostStatus], tmp_path_factory: pytest.TempPath
         lab.up(RAY_HEAD)  # hosts already running stay as they are
     for i in RAY_UNITS:
         wheels.install_uv(i)
-    inv = tmp_path_factory.mktemp("raygroup") / "inventory"
-    (inv / "node_groups").mkdir(parents=True)
-    for part in ("models", "stacks"):
-        (inv / part).symlink_to(REPO / "inventory" / part)
-    (inv / "hosts.yml").write_text(RAY_HOSTS_YML)
-    (inv / "node_groups" / "tiny-ray.yml").write_text(RAY_GROUP_YML)
+    inv = linked_inventory(tmp_path_factory.mktemp("raygroup"), RAY_HOSTS_YML,
+                           {"tiny-ray.yml": RAY_GROUP_YML})
     yield resolve_group(inventory.load(inv), "tiny-ray", operator_env={})
     _ray_stop()
 

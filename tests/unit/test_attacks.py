@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.doubles import fake_home, other_key
-from tests.paths import REPO, TRACES
+from tests.doubles import fake_home, linked_inventory, other_key
+from tests.paths import FIXTURES, REPO, TRACES
 from vigil.deploy.plan import env_diff
 from vigil.desired.config import HostVars
 from vigil.desired.render import mask_env_text
@@ -1866,14 +1866,10 @@ def test_i21_17_deploy_with_an_empty_serial_exits_2_before_any_host_is_touched(
     import os
     import sys
 
-    inv = tmp_path / "inventory"
-    inv.mkdir()
     repo = REPO
-    for part in ("models", "stacks"):
-        (inv / part).symlink_to(repo / "inventory" / part)
-    (inv / "hosts.yml").write_text(
-        "hosts:\n" + "".join(f"  h{i}: {{address: 192.0.2.{i}, model: tiny-cpu, stack: lab-cpu,"
-                             " connect_timeout_s: 1}\n" for i in (1, 2, 3)))
+    inv = linked_inventory(tmp_path, "hosts:\n" + "".join(
+        f"  h{i}: {{address: 192.0.2.{i}, model: tiny-cpu, stack: lab-cpu, connect_timeout_s: 1}}\n"
+        for i in (1, 2, 3)))
     run = subprocess.run(
         [str(Path(sys.executable).parent / "invoke"), "deploy", "--hosts", "all",
          "--serial", ""], cwd=repo, capture_output=True, text=True, timeout=120,
@@ -1936,14 +1932,8 @@ def _run_task(task: str, c: Any, **kwargs: Any) -> int:
 
 
 def _secret_inv(tmp_path: Path, secrets: str) -> Path:
-    inv = tmp_path / "inventory"
-    inv.mkdir()
-    repo = REPO
-    for part in ("models", "stacks"):
-        (inv / part).symlink_to(repo / "inventory" / part)
-    (inv / "hosts.yml").write_text(f"hosts:\n  h1: {{address: 192.0.2.1, model: tiny-cpu, "
-                                   f"stack: lab-cpu, secret_env: [{secrets}]}}\n")
-    return inv
+    return linked_inventory(tmp_path, f"hosts:\n  h1: {{address: 192.0.2.1, model: tiny-cpu, "
+                            f"stack: lab-cpu, secret_env: [{secrets}]}}\n")
 
 
 def test_i21_18_verify_runs_without_a_deploy_only_secret_and_sends_the_api_key(
@@ -1979,9 +1969,8 @@ def test_i21_18_group_verify_runs_without_a_deploy_only_secret(
 
     from vigil.tasks import group as group_tasks
 
-    repo = REPO
     inv = tmp_path / "inventory"
-    shutil.copytree(repo / "tests" / "fixtures" / "golden-groups" / "inventory", inv)
+    shutil.copytree(FIXTURES / "golden-groups" / "inventory", inv)
     assert "secret_env: [HF_TOKEN]" in (inv / "hosts.yml").read_text()
     watched: list[Any] = []
     monkeypatch.setattr(group_tasks, "_watch", lambda c, g, log, s: watched.append(g) or 0)

@@ -15,11 +15,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.paths import REPO
+from tests.paths import FIXTURES, REPO
 from vigil.desired import inventory
 from vigil.desired.targets import resolve
 
-GOLDEN = REPO / "tests" / "fixtures" / "golden"
+GOLDEN = FIXTURES / "golden"
 INVOKE = str(Path(sys.executable).parent / "invoke")
 
 

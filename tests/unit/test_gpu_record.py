@@ -12,12 +12,12 @@ import sys
 import tarfile
 from pathlib import Path
 
-from tests.paths import REPO
+from tests.paths import FIXTURES, REPO
 from vigil.deploy.gpus import from_agent
 
 ROOT = REPO
 SCRIPT = ROOT / "bench" / "gpu_record" / "record.py"
-FIX = ROOT / "tests" / "fixtures" / "gpus"
+FIX = FIXTURES / "gpus"
 
 
 def run(tmp_path: Path, path: str, **env: str) -> subprocess.CompletedProcess[str]:

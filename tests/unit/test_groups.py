@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.paths import REPO
+from tests.paths import FIXTURES, REPO, TRACES
 from vigil.deploy.group import order, plan_group, releases, rollback_steps, target_of
 from vigil.desired import group_spec, inventory
 from vigil.desired.engines.ray import RAY_NODES, ray_alive_nodes
@@ -45,7 +45,7 @@ from vigil.verify.group import (
 from vigil.verify.reducer import Fatal, PhaseSpan, WatchState, initial, step
 from vigil.verify.snapshot import Smoke, Snapshot, Unit
 
-GOLDEN = REPO / "tests" / "fixtures" / "golden-groups"
+GOLDEN = FIXTURES / "golden-groups"
 ENV = {"HF_TOKEN": "hf_secret_value"}
 
 
@@ -479,7 +479,7 @@ def _replaying(trace: str) -> tuple[Callable[[str | None], Snapshot], Callable[[
     """A node's probe replaying a real trace (its last snapshot repeats), and the smoke
     that trace recorded."""
     snaps = [Snapshot.from_json(line) for line in
-             (REPO / "tests" / "fixtures" / "traces" / trace).read_text().splitlines()
+             (TRACES / trace).read_text().splitlines()
              if line.strip()]
     it = iter(snaps)
     last: list[Snapshot] = []
@@ -575,7 +575,7 @@ def test_a_ray_unit_is_a_release_of_its_own() -> None:
 
 # -- real journals of a PP=2 group start on the lab (tests/lab/test_group_lab.py, 2026-11-30) --
 
-LOGS = REPO / "tests" / "fixtures" / "group-logs"
+LOGS = FIXTURES / "group-logs"
 
 
 def _node_state(log: str, until: str | None = None) -> WatchState:

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from tests.paths import REPO, TRACES
+from tests.doubles import linked_inventory
+from tests.paths import TRACES
 from vigil.verify import compile_cache as cc
 from vigil.verify import predict, reducer, replay, watch
 from vigil.verify import report as verify_report
@@ -411,13 +412,8 @@ def test_the_deploy_task_s_check_json_carries_the_predictions(
     from vigil.tasks.project import DEFAULTS
     from vigil.verify.history import Mirror
 
-    root = tmp_path / "inventory"
-    root.mkdir()
-    repo = REPO
-    for part in ("models", "stacks"):
-        (root / part).symlink_to(repo / "inventory" / part)
-    (root / "hosts.yml").write_text(
-        "hosts:\n  lab5: {address: 192.0.2.5, model: tiny-cpu, stack: lab-cpu}\n"
+    root = linked_inventory(
+        tmp_path, "hosts:\n  lab5: {address: 192.0.2.5, model: tiny-cpu, stack: lab-cpu}\n"
         "  lab6: {address: 192.0.2.6, model: tiny-cpu, stack: lab-cpu}\n")
     monkeypatch.chdir(tmp_path)
     Mirror(tmp_path / "state" / "history.sqlite").add(lab_history())

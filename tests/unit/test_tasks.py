@@ -16,6 +16,7 @@ import pytest
 from invoke.config import Config
 from invoke.context import Context
 
+from tests.doubles import linked_inventory
 from tests.paths import REPO
 from vigil.desired.targets import parse_sets
 from vigil.errors import ConfigError
@@ -34,12 +35,7 @@ HOSTS = """hosts:
 
 @pytest.fixture
 def inv(tmp_path: Path) -> Path:
-    root = tmp_path / "inventory"
-    root.mkdir()
-    for part in ("models", "stacks"):
-        (root / part).symlink_to(REPO / "inventory" / part)
-    (root / "hosts.yml").write_text(HOSTS)
-    return root
+    return linked_inventory(tmp_path, HOSTS)
 
 
 def invoke(inv: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -18,14 +18,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.paths import REPO
+from tests.paths import REPO, TRACES
 from vigil.verify import html, reducer, replay
 from vigil.verify.budgets import BudgetKey, Budgets, HistoryRecord, plan_budgets
 from vigil.verify.history import Mirror
 from vigil.verify.snapshot import Snapshot
 from vigil.verify.watch import Outcome
 
-TRACES = REPO / "tests" / "fixtures" / "traces"
 INVOKE = str(Path(sys.executable).parent / "invoke")
 
 
