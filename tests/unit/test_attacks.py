@@ -939,7 +939,7 @@ def test_i21_5_verify_plain_lines_are_cleaned() -> None:
     import dataclasses
     import io
 
-    from tests.unit.test_verify_report import outcome
+    from tests.doubles import outcome
     from vigil.verify import report as verify_report
     from vigil.verify.budgets import Budgets
 
@@ -985,7 +985,7 @@ def test_i21_6_markup_in_host_text_neither_crashes_nor_styles_the_live_view() ->
     import dataclasses
     import io
 
-    from tests.unit.test_verify_report import outcome
+    from tests.doubles import outcome
     from vigil.verify import report as verify_report
     from vigil.verify.budgets import Budgets
 
@@ -1040,7 +1040,7 @@ def test_i21_7_verify_html_reads_a_trace_with_line_separators_after_the_verdict(
         tmp_path: Path) -> None:
     import dataclasses
 
-    from tests.unit.test_verify_report import outcome
+    from tests.doubles import outcome
     from vigil.verify import html as verify_html
     from vigil.verify.snapshot import Journal, LogLine
 
@@ -2049,7 +2049,7 @@ def _hostile_history(good: dict[str, Any]) -> tuple[str, list[str]]:
 
 
 def test_i21_15_hostile_history_lines_are_ignored_with_one_warning_each() -> None:
-    from tests.unit.test_history import rec
+    from tests.doubles import rec
     from vigil.verify import history
 
     text, bad_lines = _hostile_history(rec(100.0).to_dict())
@@ -2070,7 +2070,7 @@ def test_i21_15_hostile_rows_of_the_mirror_are_ignored_and_history_still_prints(
     import json
     import sqlite3
 
-    from tests.unit.test_history import rec
+    from tests.doubles import rec
     from vigil.verify.history import Mirror, record_id
 
     state = tmp_path / "state"

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.agent_payload import agent
-from tests.doubles import facts_for, target
+from tests.doubles import capture, facts_for, target
 from tests.paths import FIXTURES
 from vigil.deploy.gpucheck import (
     MIN_DRIVER,
@@ -53,16 +53,6 @@ FIX = FIXTURES / "gpus"
 
 def text(name: str) -> str:
     return (FIX / name).read_text()
-
-
-def capture(name: str) -> dict[str, Any]:
-    """A capture as the agent would send it: nvidia-smi found, NVML not importable."""
-    d = FIX / name
-    raw: dict[str, Any] = {"nvml": None, "nvml_error": "import pynvml: No module named 'pynvml'"}
-    for key, file in (("smi_gpus", "query_gpu.csv"), ("smi_apps", "compute_apps.csv"),
-                      ("smi_list", "list.txt")):
-        raw[key] = (d / file).read_text() if (d / file).exists() else None
-    return raw
 
 
 # vigil's own agent on a real H200 (README: h200_vigil/), idle and busy/

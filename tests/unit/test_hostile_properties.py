@@ -510,7 +510,8 @@ _OUTCOMES: dict[str, Any] = {}
 def _verify_outcome() -> Any:
     """A real crashed start (its state and snapshots), read once."""
     if not _OUTCOMES:
-        from tests.unit.test_verify_report import TRACES, outcome
+        from tests.doubles import outcome
+        from tests.paths import TRACES
 
         _OUTCOMES["o"] = outcome("lab-kill9-crashed.jsonl")
         _OUTCOMES["snaps"] = replay.load(TRACES / "lab-kill9-crashed.jsonl")[1]
@@ -570,7 +571,7 @@ def test_any_host_text_makes_html_pages_without_an_injected_tag_or_a_raw_control
     import dataclasses
     import re
 
-    from tests.unit.test_history import rec
+    from tests.doubles import rec
     from vigil.deploy import rollout_html
     from vigil.verify import html as verify_html
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.agent_payload import agent
-from tests.unit.test_stacks import VLLM_344, listing, wheel
+from tests.doubles import VLLM_344, listing, wheel
 from vigil.deploy.runtime import install_payload, verify_install
 from vigil.desired import inventory
 from vigil.desired import lock as lockfile

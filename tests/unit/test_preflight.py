@@ -6,8 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tests.doubles import facts_for, target
-from tests.unit.test_gpus import capture
+from tests.doubles import capture, facts_for, target
 from vigil.deploy.preflight import problems
 
 

@@ -4,19 +4,17 @@ real venv, listed by the host agent, judged by vigil.stacks - no mock of pip any
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import os
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.agent_payload import agent
+from tests.doubles import VLLM_344, listing, wheel
 from tests.paths import REPO
 from vigil.deploy.apply import missing_remedy
 from vigil.deploy.runtime import import_remedy, unknown_flags, verify_install
@@ -27,35 +25,6 @@ from vigil.errors import ConfigError
 
 REPO_INV = REPO / "inventory"
 FLASHINFER = ["flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache"]
-VLLM_344 = "0.16.0rc2.dev344+gea5f903f8"
-
-
-def wheel(out: Path, name: str, version: str, requires: tuple[str, ...] = (),
-          module: str | None = None, body: str | None = None) -> Path:
-    """A minimal but valid wheel (PEP 427): METADATA, WHEEL, RECORD with hashes."""
-    dist = name.replace("-", "_")
-    info = f"{dist}-{version}.dist-info"
-    files = {
-        f"{info}/METADATA": "Metadata-Version: 2.1\nName: {}\nVersion: {}\n{}".format(
-            name, version, "".join(f"Requires-Dist: {r}\n" for r in requires)),
-        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: vigil-tests\nRoot-Is-Purelib: true\n"
-                         "Tag: py3-none-any\n",
-    }
-    if module:
-        files[f"{module}/__init__.py"] = body or f"__version__ = {version!r}\n"
-    record = []
-    for member, text in files.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
-        record.append(f"{member},sha256={digest.decode()},{len(text.encode())}")
-    record.append(f"{info}/RECORD,,")
-    files[f"{info}/RECORD"] = "\n".join(record) + "\n"
-    path = out / f"{dist}-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as zf:
-        for name_in_zip, text in files.items():
-            zf.writestr(name_in_zip, text)
-    return path
-
-
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("wheels")
@@ -78,12 +47,6 @@ def make_env(root: Path, wheels: Path, *reqs: str) -> Path:
                     "--disable-pip-version-check", "--find-links", str(wheels), *reqs],
                    check=True)
     return env
-
-
-def listing(env: Path) -> dict[str, str]:
-    packages, err = agent.installed_packages(str(env))
-    assert err is None and packages is not None
-    return packages
 
 
 def stack(**fields: object) -> Stack:

