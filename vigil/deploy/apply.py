@@ -53,6 +53,9 @@ def agent_request(t: Target) -> dict[str, Any]:
         },
         # user roles' files and units ride along in the same facts round trip
         **({"roles": roles_plan.request(t.roles)} if t.roles else {}),
+        # and the compile-cache entries a seed would need to know of
+        **({"caches": {"root": p.cache, "tmp_root": seed.tmp_root(t)}}
+           if t.vars.cache_seed else {}),
     }
 
 
@@ -206,9 +209,10 @@ def verify_start(transport: Transport, t: Target, opts: Options, log: Log,
 
 
 def plan_seed_step(transport: Transport, t: Target, plan: Plan, store: seed.Store,
-                   say: Callable[[str], None]) -> Plan:
+                   say: Callable[[str], None], facts: HostFacts | None = None) -> Plan:
     """The plan with its seed step before the restart, when the store keeps a cache of
-    this host's key that the host lacks (one round trip lists the host's entries)."""
+    this host's key that the host lacks (its entries from the facts round trip; a host
+    whose facts lack them is asked once more)."""
     m = store.get(seed.key_of(seed.key_fields(t)))
     for warning in store.warnings:
         say(f"compile cache: {warning}")
@@ -216,7 +220,9 @@ def plan_seed_step(transport: Transport, t: Target, plan: Plan, store: seed.Stor
         say(f"compile cache of {m.describe()} is quarantined ({m.bad}): not seeded")
     if m is None or m.bad:
         return plan
-    step = seed.plan_seed(m, seed.present(transport, t), root=t.rendered.paths.cache,
+    held = list(facts.caches) if facts is not None and facts.caches is not None \
+        else seed.present(transport, t)
+    step = seed.plan_seed(m, held, root=t.rendered.paths.cache,
                           tmp=seed.tmp_root(t), user=t.vars.service_user)
     if step is None:
         return plan
@@ -265,7 +271,7 @@ def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
                     store = seed.store_for(t, opts.state_dir) if (
                         opts.seed and t.vars.cache_seed and t.takes("service")) else None
                     if store is not None and plan.restarts:
-                        plan = plan_seed_step(transport, t, plan, store, say)
+                        plan = plan_seed_step(transport, t, plan, store, say, facts)
                     result.actions = plan.describe() if plan.actions else []
                     for line in plan.describe():
                         say(("would " if opts.check and plan.actions else "") + line)

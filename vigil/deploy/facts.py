@@ -118,6 +118,7 @@ class HostFacts(_Facts):
     gpus: Annotated[GpuFacts, BeforeValidator(_gpus)] = Field(
         default_factory=lambda: GpuFacts("none"), validation_alias="gpus")
     roles: dict[str, Any] | None = None  # user roles' files and units (role_facts)
+    caches: tuple[str, ...] | None = None  # compile-cache entries held (seeding's facts)
     # the environment's vLLM server parser: {"version", "flags"} or {"error"}
     vllm_flags: dict[str, Any] | None = None
     init: InitFacts = Field(default_factory=lambda: InitFacts.model_validate({}))

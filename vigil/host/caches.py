@@ -72,7 +72,7 @@ def _real_dir(path: str) -> bool:
     return not os.path.islink(path) and os.path.isdir(path)
 
 
-def entries(req: Json) -> List[Json]:
+def cache_entries(req: Json) -> List[Json]:
     """Every seedable entry on the host: its path, files, bytes and the newest file's
     mtime (which start wrote it)."""
     root = str(req["root"])
@@ -90,6 +90,9 @@ def entries(req: Json) -> List[Json]:
         path = _where(rel, req)
         if not _real_dir(path):
             continue
+        if req.get("names"):  # facts: which entries there are, not their size
+            out.append({"path": rel})
+            continue
         files, size, newest = _tree_size(path)
         if files:
             out.append({"path": rel, "files": files, "bytes": size, "newest": newest})
@@ -97,7 +100,7 @@ def entries(req: Json) -> List[Json]:
 
 
 def cache_list(req: Json) -> Json:
-    return {"entries": entries(req)}
+    return {"entries": cache_entries(req)}
 
 
 def _entry_ok(rel: str) -> bool:

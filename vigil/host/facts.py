@@ -17,6 +17,7 @@ import subprocess
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
+from vigil.host.caches import cache_entries
 from vigil.host.common import (
     JSON_INVALID,
     O_NONBLOCK,
@@ -518,6 +519,9 @@ def facts(req: Json) -> Json:
         "port": port_owners(int(req["port"])),
         "uv": find_uv(),
         "roles": role_facts(req["roles"]) if req.get("roles") else None,
+        # the compile-cache entries the host holds (a seed sends only what it lacks)
+        "caches": [e["path"] for e in cache_entries({**req["caches"], "names": True})]
+        if req.get("caches") else None,
         "init": init_facts(),
         "gpus": gpu_facts(os.path.join(env_dir, "bin", "python")),
         # an environment built before vigil recorded them: computed once, then read
