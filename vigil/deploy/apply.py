@@ -208,11 +208,10 @@ def verify_start(transport: Transport, t: Target, opts: Options, log: Log,
             f"{outcome.smoke.ttft_s or 0:.2f} s, ready after {outcome.seconds:.0f} s")
 
 
-def plan_seed_step(transport: Transport, t: Target, plan: Plan, store: seed.Store,
-                   say: Callable[[str], None], facts: HostFacts | None = None) -> Plan:
+def plan_seed_step(t: Target, plan: Plan, store: seed.Store, say: Callable[[str], None],
+                   held: Sequence[str]) -> Plan:
     """The plan with its seed step before the restart, when the store keeps a cache of
-    this host's key that the host lacks (its entries from the facts round trip; a host
-    whose facts lack them is asked once more)."""
+    this host's key that the host lacks (``held``: its entries, from the facts)."""
     m = store.get(seed.key_of(seed.key_fields(t)))
     for warning in store.warnings:
         say(f"compile cache: {warning}")
@@ -220,8 +219,6 @@ def plan_seed_step(transport: Transport, t: Target, plan: Plan, store: seed.Stor
         say(f"compile cache of {m.describe()} is quarantined ({m.bad}): not seeded")
     if m is None or m.bad:
         return plan
-    held = list(facts.caches) if facts is not None and facts.caches is not None \
-        else seed.present(transport, t)
     step = seed.plan_seed(m, held, root=t.rendered.paths.cache,
                           tmp=seed.tmp_root(t), user=t.vars.service_user)
     if step is None:
@@ -271,7 +268,8 @@ def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
                     store = seed.store_for(t, opts.state_dir) if (
                         opts.seed and t.vars.cache_seed and t.takes("service")) else None
                     if store is not None and plan.restarts:
-                        plan = plan_seed_step(transport, t, plan, store, say, facts)
+                        assert facts is not None  # gathered for the service role
+                        plan = plan_seed_step(t, plan, store, say, facts.caches or ())
                     result.actions = plan.describe() if plan.actions else []
                     for line in plan.describe():
                         say(("would " if opts.check and plan.actions else "") + line)

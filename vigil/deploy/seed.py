@@ -296,10 +296,6 @@ def listing(transport: Transport, t: Target) -> list[dict[str, Any]]:
     return [dict(e) for e in reply.get("entries") or [] if isinstance(e, dict)]
 
 
-def present(transport: Transport, t: Target) -> list[str]:
-    return [str(e["path"]) for e in listing(transport, t)]
-
-
 def upload(transport: Transport, t: Target, store: Store, action: Action, say: Say) -> None:
     """Send the kept blobs the host lacks, in chunks; the plan's seed_cache step checks
     each one's sha256 and unpacks it in its turn."""
