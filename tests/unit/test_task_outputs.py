@@ -425,7 +425,7 @@ def test_a_host_that_fails_after_its_writes_has_them_counted(
     def verify_start(*a: Any, **kw: Any) -> None:
         raise ServeError("up", "verify: crashed (nccl_error): NCCL error")
 
-    facts = SimpleNamespace(roles=None, release_exists=True, health_status=None,
+    facts = SimpleNamespace(roles=None, caches=(), release_exists=True, health_status=None,
                             service=SimpleNamespace(main_pid=0))
     monkeypatch.setattr(apply, "connect", fake_connect())
     monkeypatch.setattr(apply, "host_lock", no_lock)
