@@ -7,8 +7,9 @@ a wheel made here (its ``vllm.entrypoints.openai.api_server`` is the stand-in), 
 the unit, restarts it and verifies it phase by phase with a real streamed completion.
 
 The stand-ins use their own service (``vllm-standin``), port (8300+i) and environment
-root, so the real vLLM service of a lab host is never touched; stand-ins start at lab3
-because lab1 and lab2 are where the single-host tests run the real vLLM CPU build.
+root, so the real vLLM service of a lab host is never touched; stand-ins start at lab8
+because lab1..lab7 are where the other lab tests run the real vLLM CPU build (a test
+lane per host set drives them side by side: tests/conftest.py).
 
 Wheel and index go into each host's /tmp (the lab empties it at every boot):
 ``provision`` puts them back after ``hosts.up``. The index is a PEP 503 directory, so
@@ -35,7 +36,7 @@ DIST = "vigil-lab-standin"
 VERSION = "0.1.0"
 WHEEL = f"vigil_lab_standin-{VERSION}-py3-none-any.whl"
 INDEX_IN_HOST = "/tmp/vigil-standin-index"
-FIRST = 3  # lab1, lab2: the real vLLM CPU build's hosts
+FIRST = 8  # lab1..lab7: the real vLLM CPU build's hosts
 SERVICE = "vllm-standin"
 PORT_BASE = 8300
 MODEL = "standin"

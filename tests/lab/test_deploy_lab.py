@@ -27,7 +27,7 @@ from lab import hosts as lab
 from tests.paths import REPO
 from vigil.desired.render import TEMPLATES
 
-pytestmark = [pytest.mark.lab, pytest.mark.vllm]
+pytestmark = [pytest.mark.lab, pytest.mark.vllm, pytest.mark.drives(1, 2)]
 
 INVOKE = str(REPO / ".venv" / "bin" / "invoke")
 HOST = "lab1"

@@ -30,7 +30,7 @@ import pytest
 from lab import hosts
 from tests.paths import REPO
 
-pytestmark = [pytest.mark.lab, pytest.mark.vllm]
+pytestmark = [pytest.mark.lab, pytest.mark.vllm, pytest.mark.drives(1, 2)]
 
 HOST = 1
 PORT = hosts.service_port(HOST)

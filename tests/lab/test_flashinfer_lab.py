@@ -31,7 +31,7 @@ from lab import hosts, wheels
 from tests.paths import REPO
 from vigil.verify import replay
 
-pytestmark = [pytest.mark.lab, pytest.mark.vllm]
+pytestmark = [pytest.mark.lab, pytest.mark.vllm, pytest.mark.drives(7)]
 
 INVOKE = str(Path(sys.executable).parent / "invoke")
 HOST, INDEX = "lab7", 7

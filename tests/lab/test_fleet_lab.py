@@ -23,9 +23,8 @@ from lab import fleet, hosts
 from tests.paths import REPO
 from vigil.exitcodes import ExitCode
 
-pytestmark = pytest.mark.lab
-
 N = 8
+pytestmark = [pytest.mark.lab, pytest.mark.drives(*fleet.indexes(N))]
 
 
 @pytest.fixture(scope="module")

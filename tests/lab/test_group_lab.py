@@ -1,17 +1,17 @@
 """A node group on two real lab hosts: the tiny model split pipeline-parallel 2 across
-lab1 (head, API server) and lab2 (headless worker) with vLLM's native multi-node on the
+lab6 (head, API server) and lab7 (headless worker) with vLLM's native multi-node on the
 real vLLM CPU build, deployed and verified as one service.
 
 Each real PP=2 start costs ~100 s+ on 2 cores, so this module has three starts: the
 deploy that serves a completion through the head; the rollback's, after a release that
 breaks the worker's start crashed the group within seconds (every node back on the
 first release, verified ready); and one head start that proves both faults — first the
-worker's unit never started (stalled in distributed_init naming lab2), then the worker
-started late, joined, and killed while loading (crashed naming lab2). The
+worker's unit never started (stalled in distributed_init naming lab7), then the worker
+started late, joined, and killed while loading (crashed naming lab7). The
 group uses its own unit (vllm-mn) and ports, so the single-host tests' vllm.service on
 the same hosts is never touched.
 
-The Ray backend runs on lab7 (head) and lab3 (worker), whose vLLM installs use uv: vigil
+The Ray backend runs on lab7 (head) and lab6 (worker), whose vLLM installs use uv: vigil
 deploys the Ray units and vLLM on the head with ``group.deploy``, verify sees the cluster
 whole through Ray's API, and vLLM's CPU build refuses Ray at engine start (the group file
 says ``prove_cpu_ray_refusal: true``): crashed, executor_unsupported, naming the head.
@@ -50,9 +50,9 @@ from vigil.report import Log
 from vigil.verify.group import GroupState, verify_group
 from vigil.verify.watch import Settings
 
-pytestmark = [pytest.mark.lab, pytest.mark.vllm]
+pytestmark = [pytest.mark.lab, pytest.mark.vllm, pytest.mark.drives(6, 7)]
 
-HEAD, WORKER = 1, 2
+HEAD, WORKER = 6, 7  # the lane of hosts 6 and 7 (tests/conftest.py), beside flashinfer's
 UNIT = "vllm-mn"
 
 HOSTS_YML = f"""
@@ -92,6 +92,7 @@ def sh(i: int, command: str) -> str:
 @pytest.fixture(scope="module")
 def group(lab_hosts: list[lab.HostStatus], tmp_path_factory: pytest.TempPathFactory,
           ) -> NodeGroup:
+    lab.up(max(HEAD, WORKER))  # hosts already running stay as they are
     inv = linked_inventory(tmp_path_factory.mktemp("group"), HOSTS_YML,
                            {"tiny-pp2.yml": GROUP_YML})
     return resolve_group(inventory.load(inv), "tiny-pp2", operator_env={})
@@ -165,15 +166,16 @@ def test_group_serves_a_completion_through_the_head(group: NodeGroup, tmp_path: 
                           Log(out))
     lines = out.getvalue()
     assert result.status == "changed", lines
-    assert [s.node for s in result.plan.steps] == ["lab1", "lab2"] if result.plan else False
+    assert [s.node for s in result.plan.steps] == [
+        f"lab{HEAD}", f"lab{WORKER}"] if result.plan else False
     assert all(s.restart for s in result.plan.steps) if result.plan else False
     seen: list[GroupState] = []
     watch = verify_group(group, Settings(poll_s=3, stall_s=240), on_poll=seen.append,
                          deadline_s=900)
     final = watch.history[-1]
     assert final.verdict == "ready", (final, lines)
-    assert final.joined == ("lab1", "lab2") and final.missing == ()
-    head = watch.nodes["lab1"].state
+    assert final.joined == (f"lab{HEAD}", f"lab{WORKER}") and final.missing == ()
+    head = watch.nodes[f"lab{HEAD}"].state
     assert head.verdict == "ready"
     # the real completion went through the head's API server (vLLM's own fingerprint
     # says pp2: both stages answered)
@@ -209,7 +211,7 @@ def test_a_failure_on_one_node_rolls_every_node_back(group: NodeGroup, tmp_path:
                                                      ) -> None:
     """From release A on both nodes (the first test's deploy), the front door
     `group.deploy --rollback-failed` deploys release B, which changes both nodes and
-    breaks the worker's start: the group crashes naming lab2, and every node this deploy
+    breaks the worker's start: the group crashes naming the worker, and every node this deploy
     replaced goes back, the head first, then the worker. Then both nodes hold release A's
     unit and env file again and the group verifies ready on them."""
     out = io.StringIO()
@@ -225,13 +227,14 @@ def test_a_failure_on_one_node_rolls_every_node_back(group: NodeGroup, tmp_path:
     lines = proc.stdout + proc.stderr
     print(lines)
     assert proc.returncode == ExitCode.CRASHED, lines
-    assert "apply lab2 (restart): changed" in lines and "apply lab1 (restart): changed" in lines
-    assert "CRASHED on lab2" in lines
-    assert "proof: lab2: ValueError: Unknown level: 'VERBOSE'" in lines
-    assert "the group did not come up: rolling back lab1, lab2" in lines, lines
+    assert f"apply lab{WORKER} (restart): changed" in lines
+    assert f"apply lab{HEAD} (restart): changed" in lines
+    assert f"CRASHED on lab{WORKER}" in lines
+    assert f"proof: lab{WORKER}: ValueError: Unknown level: 'VERBOSE'" in lines
+    assert f"the group did not come up: rolling back lab{HEAD}, lab{WORKER}" in lines, lines
     # every node holds release A again, not only the one that failed
     assert {n: _release(n, group) for n in group.names} == release_a
-    assert "VLLM_LOGGING_LEVEL='INFO'" in release_a["lab2"]
+    assert "VLLM_LOGGING_LEVEL='INFO'" in release_a[f"lab{WORKER}"]
     # ... and the rollback restarted the head first, then the worker (the lab hosts share
     # the machine's kernel: monotonic stamps compare across hosts). Worker first, the
     # restored worker once joined the old head during its ~30 s stop and hung in kv_cache
@@ -241,32 +244,33 @@ def test_a_failure_on_one_node_rolls_every_node_back(group: NodeGroup, tmp_path:
     assert 0 < head < worker, (head, worker)
     final = verify_group(group, Settings(poll_s=3, stall_s=240), deadline_s=600).history[-1]
     assert final.verdict == "ready", final
-    assert final.joined == ("lab1", "lab2")
+    assert final.joined == (f"lab{HEAD}", f"lab{WORKER}")
     # the release B each node kept is the one a second rollback would bring back
-    backup = next(n for n in group.nodes if n.name == "lab2").target.rendered.paths.backup_dir
+    backup = next(n for n in group.nodes
+                  if n.name == f"lab{WORKER}").target.rendered.paths.backup_dir
     assert "VIGIL_LAB_RELEASE='b'" in sh(WORKER, f"cat {backup}/env")
 
 
 def test_a_missing_worker_stalls_then_a_killed_worker_crashes_naming_it(
         group: NodeGroup) -> None:
     """One head start, two faults. The worker's unit is not started: the head waits in
-    distributed_init and the group is stalled there naming lab2 (this test's stall window
+    distributed_init and the group is stalled there naming the worker (this test's stall window
     is 40 s for every phase instead of the defaults: the head's quiet wait at the
-    barrier is the only quiet a start of the tiny model has). Then lab2 starts late and
+    barrier is the only quiet a start of the tiny model has). Then the worker starts late and
     joins the waiting head; once joined, its engine (vLLM's main process and its rank) is
-    SIGKILLed while it loads: the group is crashed naming lab2."""
+    SIGKILLed while it loads: the group is crashed naming the worker."""
     _stop_all()
     _start(HEAD)  # the worker's unit stays stopped
     stalled = verify_group(group, Settings(poll_s=3, stall_s=40), deadline_s=600).history[-1]
     assert stalled.verdict == "stalled", stalled
-    assert stalled.phase == "distributed_init" and stalled.node == "lab2", stalled
-    assert "lab2" in stalled.missing and "lab2" not in stalled.joined
-    assert stalled.proof is not None and "lab2: unit not running" in stalled.proof
+    assert stalled.phase == "distributed_init" and stalled.node == f"lab{WORKER}", stalled
+    assert f"lab{WORKER}" in stalled.missing and f"lab{WORKER}" not in stalled.joined
+    assert stalled.proof is not None and f"lab{WORKER}: unit not running" in stalled.proof
 
     killed = threading.Event()
 
     def kill_during_load(gs: GroupState) -> None:
-        if not killed.is_set() and "lab2" in gs.joined:
+        if not killed.is_set() and f"lab{WORKER}" in gs.joined:
             # the node's engine: its main process and every process it spawned (its rank),
             # at once (as a node's OOM kill or crash would; `systemctl kill` errors on the
             # lab's cgroup v1). Only the ranks killed, vLLM's main process first logs its
@@ -281,17 +285,17 @@ def test_a_missing_worker_stalls_then_a_killed_worker_crashes_naming_it(
     final = watch.history[-1]
     assert killed.is_set(), final
     assert final.verdict == "crashed", final
-    assert final.node == "lab2" and final.proof is not None and final.proof.startswith(
-        "lab2:"), final
+    assert final.node == f"lab{WORKER}" and final.proof is not None and final.proof.startswith(
+        f"lab{WORKER}:"), final
 
 
 # -- the Ray backend: vigil deploys the cluster, vLLM's CPU build refuses it --------------
 
-# lab7 and lab3 install with uv (test_flashinfer_lab.py, test_runtime_lab.py), whose cache
+# lab7 and lab6 install with uv (test_flashinfer_lab.py, the native group above), whose cache
 # lives in each host's /var/cache/vigil: an env_root on that mount lets uv hardlink the
 # ~3.4 GB of vLLM instead of copying them (its own `current`, so the hosts' vllm.service
 # environments under /opt/vigil/envs are untouched).
-RAY_HEAD, RAY_WORKER = 7, 3
+RAY_HEAD, RAY_WORKER = 7, 6
 RAY_UNIT = "vllm-rg"
 RAY_ENV_ROOT = "/var/cache/vigil/envs"
 RAY_HOSTS_YML = f"""
@@ -372,7 +376,8 @@ def test_a_ray_group_forms_its_cluster_and_the_cpu_build_refuses_it(
     print(lines)  # the install lines carry their seconds
     assert result.status == "changed", lines
     assert result.plan is not None
-    assert [s.key for s in result.plan.steps] == ["lab7/ray", "lab3/ray", "lab7"]
+    assert [s.key for s in result.plan.steps] == [
+        f"lab{RAY_HEAD}/ray", f"lab{RAY_WORKER}/ray", f"lab{RAY_HEAD}"]
     # the group tasks say this note first (tests/unit/test_groups.py); the library does not
     assert any("vLLM will refuse this group at engine start" in n for n in ray_group.notes)
     seen: list[GroupState] = []

@@ -29,7 +29,7 @@ import yaml
 from lab import hosts as lab
 from tests.paths import REPO
 
-pytestmark = [pytest.mark.lab, pytest.mark.vllm]
+pytestmark = [pytest.mark.lab, pytest.mark.vllm, pytest.mark.drives(1, 2)]
 
 INDEX, UNIT, PORT = 1, "vllm-e2e", 8197
 PYTHON = os.environ.get("VIGIL_E2E_PYTHON") or sys.executable

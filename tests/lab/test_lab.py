@@ -13,6 +13,7 @@ from lab import hosts
 from tests.lab_fixtures import LAB_HOSTS, lab_hosts  # noqa: F401  (pytest fixture)
 
 HostList = list[hosts.HostStatus]
+pytestmark = pytest.mark.drives(1, 2)
 
 
 # --- lab hosts ------------------------------------------------------------------------

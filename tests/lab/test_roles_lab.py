@@ -24,7 +24,7 @@ from vigil.desired import inventory
 from vigil.transport.base import Transport
 from vigil.transport.ssh import connect
 
-pytestmark = [pytest.mark.lab]
+pytestmark = [pytest.mark.lab, pytest.mark.drives(1, 2)]
 
 INVOKE = str(REPO / ".venv" / "bin" / "invoke")
 HOST = "lab2"

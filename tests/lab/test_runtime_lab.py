@@ -27,7 +27,7 @@ from tests.paths import REPO
 from vigil.desired import inventory
 from vigil.tasks.runtime import drift
 
-pytestmark = [pytest.mark.lab, pytest.mark.vllm]
+pytestmark = [pytest.mark.lab, pytest.mark.vllm, pytest.mark.drives(3, 4)]
 
 INVOKE = str(Path(sys.executable).parent / "invoke")
 PORT = {"lab3": 8003, "lab4": 8004}

@@ -25,7 +25,7 @@ from lab import hosts
 from tests.lab_fixtures import lab_hosts  # noqa: F401  (pytest fixture)
 from tests.paths import REPO
 
-pytestmark = [pytest.mark.lab, pytest.mark.vllm]
+pytestmark = [pytest.mark.lab, pytest.mark.vllm, pytest.mark.drives(3, 4)]
 
 INVOKE = str(Path(sys.executable).parent / "invoke")
 PORT = {"lab3": 8003, "lab4": 8004}

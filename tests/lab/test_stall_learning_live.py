@@ -54,7 +54,7 @@ from vigil.verify.budgets import BudgetKey, phase_defaults, plan_budgets
 from vigil.verify.snapshot import Snapshot
 from vigil.verify.watch import Outcome, Settings, verify_target
 
-pytestmark = [pytest.mark.lab, pytest.mark.vllm]
+pytestmark = [pytest.mark.lab, pytest.mark.vllm, pytest.mark.drives(5)]
 
 HISTORY = history.host_path("vllm")
 SPIN_LINE = "vigil-lab-stall: spinning in compiling"

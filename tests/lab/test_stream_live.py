@@ -16,7 +16,7 @@ import pytest
 from lab import hosts as lab
 from vigil.transport.remote import agent_command, agent_stdin
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.drives(1, 2)]
 
 INDEX = 1
 

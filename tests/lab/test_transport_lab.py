@@ -17,6 +17,7 @@ from vigil.transport.ssh import connect
 
 HOST = "lab2"
 INDEX = 2
+pytestmark = pytest.mark.drives(1, 2)
 
 
 def lab_vars(**changes: object) -> HostVars:

@@ -37,7 +37,7 @@ from vigil.verify.budgets import Budgets
 from vigil.verify.snapshot import Snapshot
 from vigil.verify.watch import Outcome, Settings, verify_target
 
-pytestmark = [pytest.mark.lab, pytest.mark.vllm]
+pytestmark = [pytest.mark.lab, pytest.mark.vllm, pytest.mark.drives(5)]
 
 ROOT = REPO
 HOST, INDEX = "lab5", 5

@@ -15,7 +15,7 @@ import pytest
 from lab import hosts as lab
 from tests.paths import REPO
 
-pytestmark = [pytest.mark.lab]
+pytestmark = [pytest.mark.lab, pytest.mark.drives(1, 2)]
 
 INDEX = 2
 HOST = lab.host_name(INDEX)
