@@ -9,7 +9,7 @@ the unit, restarts it and verifies it phase by phase with a real streamed comple
 The stand-ins use their own service (``vllm-standin``), port (8300+i) and environment
 root, so the real vLLM service of a lab host is never touched; stand-ins start at lab8
 because lab1..lab7 are where the other lab tests run the real vLLM CPU build (a test
-lane per host set drives them side by side: tests/conftest.py).
+lane per host set drives them side by side: tests/lanes.py).
 
 Wheel and index go into each host's /tmp (the lab empties it at every boot):
 ``provision`` puts them back after ``hosts.up``. The index is a PEP 503 directory, so

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import settings
 
+from tests import lanes
 from tests.lab_fixtures import lab_hosts
 from tests.paths import TESTS
 
@@ -22,39 +24,22 @@ settings.register_profile("vigil", deadline=None)
 settings.load_profile("vigil")
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Every test under tests/lab/ needs lab hosts: it is marked ``lab`` by its folder,
-    so ``-m "not lab and not vllm"`` selects exactly the tests under tests/unit/.
-
-    Each lab module says which lab hosts it drives (``pytest.mark.drives(1, 2)``).
-    Modules that share a host, directly or through another module, form one lane (an
-    ``xdist_group``): under ``pytest -n N --dist loadgroup`` a lane runs in one worker,
-    in file order, and lanes run side by side, so no two workers ever drive one host."""
+    so ``-m "not lab and not vllm"`` selects exactly the tests under tests/unit/; and its
+    module says which lab hosts it drives (its lane: tests/lanes.py)."""
     lab_items = [i for i in items if Path(i.path).resolve().is_relative_to(LAB)]
     for item in lab_items:
         item.add_marker(pytest.mark.lab)
-    for item, lane in lanes(lab_items).items():
-        item.add_marker(pytest.mark.xdist_group(lane))
+    lanes.check_marked(lab_items)
 
 
-def lanes(items: list[pytest.Item]) -> dict[pytest.Item, str]:
-    """Each lab test's lane: the connected sets of the hosts its module drives."""
-    hosts_of: dict[Path, frozenset[int]] = {}
-    for item in items:
-        mark = item.get_closest_marker("drives")
-        if mark is None or not mark.args:
-            raise pytest.UsageError(
-                f"{item.path.name}: a lab module says which lab hosts it drives: "
-                "pytestmark = [..., pytest.mark.drives(1, 2)]")
-        hosts_of[Path(item.path)] = frozenset(int(i) for i in mark.args)
-    merged: list[frozenset[int]] = []
-    for hosts in hosts_of.values():
-        touching = [m for m in merged if m & hosts]
-        merged = [m for m in merged if not m & hosts] + [hosts.union(*touching)]
-    name = {m: "lab-hosts-" + ",".join(map(str, sorted(m))) for m in merged}
-    return {item: next(name[m] for m in merged if m & hosts_of[Path(item.path)])
-            for item in items}
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``-n N --dist loadgroup`` (./dev test): the lab lanes side by side, each in one
+    worker, and the unit tests wherever a worker is free."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    return lanes.LaneScheduling(config, lanes.lanes(lanes.lab_modules()), log)
 
 
 @pytest.fixture(autouse=True)

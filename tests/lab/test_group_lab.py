@@ -52,7 +52,7 @@ from vigil.verify.watch import Settings
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm, pytest.mark.drives(6, 7)]
 
-HEAD, WORKER = 6, 7  # the lane of hosts 6 and 7 (tests/conftest.py), beside flashinfer's
+HEAD, WORKER = 6, 7  # the lane of hosts 6 and 7 (tests/lanes.py), beside flashinfer's
 UNIT = "vllm-mn"
 
 HOSTS_YML = f"""
