@@ -40,7 +40,7 @@ from pydantic.fields import FieldInfo  # noqa: E402
 
 from vigil.desired import config, engines, group_spec, render, stacks  # noqa: E402
 from vigil.desired import roles as roles_mod  # noqa: E402
-from vigil.exitcodes import MEANING, SEVERITY, VERDICT_EXIT, ExitCode  # noqa: E402
+from vigil.exitcodes import MEANING, SEVERITY, ExitCode  # noqa: E402
 from vigil.tasks import project  # noqa: E402
 from vigil.tasks.collection import ns  # noqa: E402
 from vigil.verify import catalog, compile_cache, reducer  # noqa: E402
@@ -780,7 +780,7 @@ def causes_page() -> str:
         "| verdict | exit code |", "|---|---|",
     ]
     for v in reducer.VERDICTS:
-        exit_code = VERDICT_EXIT.get(v)
+        exit_code = reducer.EXIT.get(v)
         shown = f"{int(exit_code)} ({exit_code.name})" if exit_code is not None else \
             "— (not terminal: watched on)"
         lines.append(f"| `{v}` | {shown} |")
@@ -879,8 +879,8 @@ def exit_codes_page() -> str:
     lines += [
         "", "When hosts end differently, the task exits with the most important of their "
         f"codes, in this order: {order} (`SEVERITY` in vigil/exitcodes.py).", "",
-        "verify's verdicts map to codes as `VERDICT_EXIT` in vigil/exitcodes.py says: "
-        + ", ".join(f"`{v}` {int(c)}" for v, c in VERDICT_EXIT.items())
+        "verify's verdicts map to codes as `EXIT` in vigil/verify/reducer/state.py says: "
+        + ", ".join(f"`{v}` {int(c)}" for v, c in reducer.EXIT.items())
         + "; any other end of a watch is 1. `replay` exits the same way with the verdict "
         "of the trace or log it replays (and still prints its JSON with `--json`); an "
         "input that ends before a verdict exits 0, its JSON's `note` saying so.",

@@ -34,12 +34,6 @@ def worst(codes: Iterable[int]) -> int:
     return next((int(c) for c in SEVERITY if c in found), max(found, default=0))
 
 
-# A watch's verdict as the task's exit code (verify, replay, deploy's watch); a verdict
-# not here (slow, none yet) is not an end of its own.
-VERDICT_EXIT: Mapping[str, ExitCode] = {
-    "ready": ExitCode.OK, "crashed": ExitCode.CRASHED, "stalled": ExitCode.STALLED,
-    "timed_out": ExitCode.TIMED_OUT, "stopped": ExitCode.STOPPED}
-
 
 # What each code means to the person who ran the task (the reference page's table).
 MEANING: Mapping[ExitCode, str] = {

@@ -143,7 +143,7 @@ def test_the_store_keeps_one_cache_per_key_and_quarantines_it(tmp_path: Path) ->
 
     m = _manifest()
     store.put(m, {"ab" * 32: blob("x"), "cd" * 32: blob("y")})
-    assert store.get(m.key) == m and store.blob(m.key, PARTS[0]).read_text() == "x"
+    assert store.get(m.key) == m and store.blob(m.key, PARTS[0].blob).read_text() == "x"
     bad = store.quarantine(m, "lab2's start crashed in compiling after the seed", 5.0)
     assert store.get(m.key) == bad and bad.bad and bad.bad_at == 5.0
     # a newer cache replaces it; the part it shares stays, the other blob goes
@@ -324,7 +324,7 @@ def test_a_ready_start_is_kept_and_a_crash_on_its_seed_quarantines_and_drops_it(
         assert kept is not None and [p.entry for p in kept.parts] == [AOT]
         assert kept.source == "local" and kept.compile_s == 47.4 and not kept.bad
         assert "compile cache kept for this key: local's ready start" in said[-1]
-        with tarfile.open(store.blob(kept.key, kept.parts[0])) as tar:
+        with tarfile.open(store.blob(kept.key, kept.parts[0].blob)) as tar:
             assert tar.getnames()[0] == AOT and AOT + "/rank_0_0/model" in tar.getnames()
         # the same start again: the entry is as kept, so nothing is carried again
         seed.after_start(tr, t, store, _outcome("ready", "api_starting", cc, 1000.5), None,

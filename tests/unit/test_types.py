@@ -14,7 +14,7 @@ import pytest
 from tests.paths import REPO, TRACES
 from vigil.deploy import rollout
 from vigil.deploy.plan import ActionKind
-from vigil.exitcodes import VERDICT_EXIT
+from vigil.exitcodes import ExitCode
 from vigil.report import HostResult, HostStatus, results_json
 from vigil.verify import catalog, reducer
 from vigil.verify.budgets import Budgets
@@ -58,7 +58,10 @@ def test_the_verdict_sets_are_the_enum() -> None:
     assert tuple(Verdict) == reducer.VERDICTS
     assert set(Verdict) - {Verdict.SLOW} == reducer.TERMINAL
     # the layers below verify key by the strings: they must be the same set
-    assert set(VERDICT_EXIT) == reducer.TERMINAL
+    assert set(reducer.EXIT) == reducer.TERMINAL
+    assert reducer.exit_of("crashed", ExitCode.OK) is ExitCode.CRASHED
+    assert reducer.exit_of("slow", ExitCode.FAILED) is ExitCode.FAILED
+    assert reducer.exit_of(None, ExitCode.OK) is ExitCode.OK
     assert set(catalog.VERDICT_REMEDIES) <= set(Verdict)
 
 

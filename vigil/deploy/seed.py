@@ -240,14 +240,15 @@ class Store:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             self.warnings.append(f"{path}: ignored ({exc}); the next ready start replaces it")
             return None
-        gone = [p.blob for p in m.parts if not self.blob(m.key, p).is_file()]
+        gone = [p.blob for p in m.parts if not self.blob(m.key, p.blob).is_file()]
         if gone:
             self.warnings.append(f"{path}: its blob {gone[0]} is gone; ignored")
             return None
         return m
 
-    def blob(self, key: str, part: Part) -> Path:
-        return self._dir(key) / part.blob
+    def blob(self, key: str, name: str) -> Path:
+        """Where a kept cache's blob (a part's ``blob`` name) lies."""
+        return self._dir(key) / name
 
     def put(self, m: Manifest, blobs: Mapping[str, Path]) -> None:
         """Keep a new cache for its key: new blobs (by sha256) moved in first, then the
@@ -302,7 +303,7 @@ def upload(transport: Transport, t: Target, store: Store, action: Action, say: S
     key = str(action.payload["key"])
     sent, t0 = 0, time.monotonic()
     for part in action.payload["blobs"]:
-        path = store.root / key / str(part["blob"])
+        path = store.blob(key, str(part["blob"]))
         if not path.is_file():
             raise HostError(t.name, f"the kept cache's {part['blob']} went away before its "
                             "upload", fix="deploy again (or --no-seed)")

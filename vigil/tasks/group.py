@@ -21,7 +21,7 @@ from vigil.deploy.group import (
 from vigil.desired import review
 from vigil.desired.groups import NodeGroup, resolve_group
 from vigil.desired.render import SMOKE_SECRETS, Secrets
-from vigil.exitcodes import VERDICT_EXIT, ExitCode
+from vigil.exitcodes import ExitCode
 from vigil.report import HostStatus, Log, echo, failed_word
 from vigil.tasks.common import (
     SET_HELP,
@@ -36,6 +36,7 @@ from vigil.tasks.common import (
     worst_code,
 )
 from vigil.transport.ssh import connect
+from vigil.verify import reducer
 from vigil.verify.group import GroupState, verify_group
 from vigil.verify.watch import Settings
 
@@ -80,7 +81,7 @@ def _watch(c: Context, g: NodeGroup, log: Log, settings: Settings) -> int:
         log(g.spec.name, f"proof: {gs.proof}")
     if gs.remedy:
         log(g.spec.name, f"remedy: {gs.remedy}")
-    return int(VERDICT_EXIT.get(gs.verdict, ExitCode.FAILED))
+    return int(reducer.exit_of(gs.verdict, ExitCode.FAILED))
 
 
 def _rollback(c: Context, g: NodeGroup, log: Log, steps: Sequence[Step]) -> None:

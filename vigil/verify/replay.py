@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from vigil.errors import ConfigError
-from vigil.exitcodes import VERDICT_EXIT, ExitCode
+from vigil.exitcodes import ExitCode
 from vigil.verify import reducer
 from vigil.verify.attempts import run as run_attempts
 from vigil.verify.budgets import Budgets
@@ -426,7 +426,7 @@ def replay_run(
     out.update(got.report())  # the earlier starts, each with its own verdict
     out["ignored"] = ignored(snapshots)
     # the exit code verify would end with (a verdict not final yet, or none: 0)
-    out["exit_code"] = int(VERDICT_EXIT.get(state.verdict or "", ExitCode.OK))
+    out["exit_code"] = int(reducer.exit_of(state.verdict, ExitCode.OK))
     if log_only and state.verdict == Verdict.READY:
         out["note"] = ("replayed from a plain log: ready means serving evidence (requests "
                        "answered, throughput lines, `Application startup complete.`) with "

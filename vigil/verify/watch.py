@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from vigil.errors import HostError, VigilError
-from vigil.exitcodes import VERDICT_EXIT, ExitCode, worst
+from vigil.exitcodes import ExitCode, worst
 from vigil.transport.base import Transport, privileged
 from vigil.transport.remote import call_with
 from vigil.transport.ssh import connect
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 Clock = Callable[[], float]
 Sleep = Callable[[float], None]
 
-# VERDICT_EXIT (vigil/exitcodes.py): the documented exit code of each terminal verdict.
+# reducer.EXIT (vigil/verify/reducer/state.py): the documented exit code of each verdict.
 
 
 @dataclass(frozen=True)
@@ -359,7 +359,7 @@ def watch_session(s: Session, out: Outcome, *, note: Callable[[str], None],
             out.stream_pids = list(streamer.pids)
             out.streamed = streamer.fallback is None
     out.smoke = smokes[-1] if smokes else None
-    out.exit_code = int(VERDICT_EXIT.get(out.state.verdict or "", ExitCode.FAILED))
+    out.exit_code = int(reducer.exit_of(out.state.verdict, ExitCode.FAILED))
     out.probe_s = list(s.poller.probe_s)
 
 

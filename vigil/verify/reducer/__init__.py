@@ -45,6 +45,7 @@ from __future__ import annotations
 from vigil.verify.reducer.state import (
     CPU_BUSY,
     EVIDENCE_WAIT_S,
+    EXIT,
     MAX_FATAL,
     MAX_HINTS,
     MAX_WARNINGS,
@@ -61,6 +62,7 @@ from vigil.verify.reducer.state import (
     Verdict,
     Waiting,
     WatchState,
+    exit_of,
     initial,
     phase_durations,
     report,
@@ -73,6 +75,7 @@ from vigil.verify.reducer.verdict import (
 __all__ = [
     "CPU_BUSY",
     "EVIDENCE_WAIT_S",
+    "EXIT",
     "MAX_FATAL",
     "MAX_HINTS",
     "MAX_WARNINGS",
@@ -90,6 +93,7 @@ __all__ = [
     "Verdict",
     "Waiting",
     "WatchState",
+    "exit_of",
     "initial",
     "phase_durations",
     "report",

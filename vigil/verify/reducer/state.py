@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 
+from vigil.exitcodes import ExitCode
 from vigil.verify import catalog
 from vigil.verify.compile_cache import CacheEvidence, judge
 
@@ -29,6 +30,17 @@ class Verdict(StrEnum):
 
 
 TERMINAL = frozenset(v for v in Verdict if v is not Verdict.SLOW)
+# A watch's verdict as the task's exit code (verify, replay, deploy's watch, a group's
+# watch); SLOW, or no verdict yet, is not an end of its own.
+EXIT: Mapping[Verdict, ExitCode] = {
+    Verdict.READY: ExitCode.OK, Verdict.CRASHED: ExitCode.CRASHED,
+    Verdict.STALLED: ExitCode.STALLED, Verdict.TIMED_OUT: ExitCode.TIMED_OUT,
+    Verdict.STOPPED: ExitCode.STOPPED}
+
+
+def exit_of(verdict: str | None, unended: ExitCode) -> ExitCode:
+    """The task's exit code for a watch's verdict; ``unended`` where it has none that ends."""
+    return EXIT[Verdict(verdict)] if verdict in TERMINAL and verdict is not None else unended
 VERDICTS = tuple(Verdict)
 MOVE_MIB = 64.0
 RSS_MOVE = 64 * 1024 * 1024
