@@ -33,7 +33,7 @@ import pytest
 
 from lab import hosts as lab
 from lab import stall
-from tests.lab.test_verify_live import (
+from tests.lab.live import (
     HOST,
     INDEX,
     POLL_S,

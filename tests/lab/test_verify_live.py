@@ -14,7 +14,8 @@ test both run with the same short window (`Settings.stall_s`, the `--stall` flag
 first proves a frozen worker is caught within it, the second that a start slowed to
 40 % of a core but still progressing is never called stalled under that same window.
 
-Only lab5 is used (two other engineers share lab1..lab4 and lab6); one start at a time.
+Only lab5 is used (its lane, with test_stall_learning_live.py: tests/lanes.py); one start
+at a time. The helpers both modules use: tests/lab/live.py.
 """
 
 from __future__ import annotations
@@ -27,33 +28,28 @@ from pathlib import Path
 import pytest
 
 from lab import hosts as lab
-from tests.paths import REPO
+from tests.lab.live import (
+    HOST,
+    INDEX,
+    POLL_S,
+    STOP,
+    FreezeWorkerInCompile,
+    pid_of,
+    run_verify,
+    sh,
+    start,
+    target,
+)
 from vigil.deploy import apply as deploy_mod
-from vigil.desired import inventory
-from vigil.desired import targets as targets_mod
 from vigil.report import Log
 from vigil.verify import history, reducer
-from vigil.verify.budgets import Budgets
 from vigil.verify.snapshot import Snapshot
-from vigil.verify.watch import Outcome, Settings, verify_target
+from vigil.verify.watch import Outcome, Settings
 
 pytestmark = [pytest.mark.lab, pytest.mark.vllm, pytest.mark.drives(5)]
 
-ROOT = REPO
-HOST, INDEX = "lab5", 5
-POLL_S = 2.0
 SHORT_STALL_S = 30.0
 UNIT = "/etc/systemd/system/vllm.service"
-
-
-def sh(command: str, timeout: float = 120.0) -> str:
-    rc, out, err = lab.run(INDEX, command, timeout=timeout)
-    assert rc == 0, f"{command}: exit {rc}: {err}"
-    return out
-
-
-def target() -> targets_mod.Target:
-    return targets_mod.resolve(inventory.load(ROOT / "inventory"), HOST)[0]
 
 
 @pytest.fixture(scope="module")
@@ -68,31 +64,6 @@ def host(lab_hosts: object, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     yield state
     # Leave the shared cores free: the service stays stopped, the unit as deployed.
     sh(f"touch /tmp/vigil-nothrottle; {STOP}")
-
-
-# The tests' own cleanup, never under test: it never waits out TimeoutStopSec and ends
-# a worker orphaned by the kill -9 test (see lab.stop_now).
-STOP = lab.stop_now()
-
-
-def start(clear_cache: bool = False) -> None:
-    clear = "rm -rf /var/cache/vigil/vllm/* /tmp/torchinductor_vllm; " if clear_cache else ""
-    sh(f"{STOP}; {clear}systemctl start vllm")
-
-
-def run_verify(state: Path, settings: Settings, on_poll: object = None) -> Outcome:
-    polls: list[tuple[reducer.WatchState, Snapshot]] = []
-
-    def poll(name: str, st: reducer.WatchState, snap: Snapshot, b: Budgets) -> None:
-        polls.append((st, snap))
-        if callable(on_poll):
-            on_poll(st, snap)
-
-    out = verify_target(target(), settings, state, on_poll=poll)
-    assert out.error is None, out.error
-    assert out.state is not None and out.trace is not None
-    assert len(Path(out.trace).read_text().splitlines()) == len(polls)
-    return out
 
 
 def host_history() -> list[dict[str, object]]:
@@ -174,31 +145,6 @@ def test_cpu_quota_slows_the_start_but_it_is_never_stalled(host: Path) -> None:
     assert any(p.state == "T" for s in snaps if s.processes for p in s.processes.items)
 
 
-def _pid_of(snap: Snapshot, comm_part: str) -> int | None:
-    if snap.processes is None:
-        return None
-    for p in snap.processes.items:
-        if comm_part in p.comm and p.state not in ("Z", "T"):
-            return p.pid
-    return None
-
-
-class FreezeWorkerInCompile:
-    """An on_poll hook: SIGSTOP the first worker seen while the start compiles (a frozen
-    compile: alive, no progress), remembering when and which."""
-
-    def __init__(self) -> None:
-        self.at: list[float] = []
-        self.pid: list[int] = []
-
-    def __call__(self, st: reducer.WatchState, snap: Snapshot) -> None:
-        pid = _pid_of(snap, "Worker")
-        if not self.at and pid and st.phase == "compiling":
-            sh(f"kill -STOP {pid}")
-            self.at.append(snap.time)
-            self.pid.append(pid)
-
-
 # Where the stream runs on the host: `python -c <agent source> stream` (argv[-1]).
 STREAM_PIDS = ("python3 -c 'import os\nfor d in os.listdir(\"/proc\"):\n if d.isdigit():\n"
                "  try: a=open(\"/proc/\"+d+\"/cmdline\",\"rb\").read().split(b\"\\0\")\n"
@@ -220,7 +166,7 @@ class DropThenKill:
     def __call__(self, st: reducer.WatchState, snap: Snapshot) -> None:
         import time
 
-        engine = _pid_of(snap, "EngineCor")
+        engine = pid_of(snap, "EngineCor")
         if not self.dropped and engine:
             pids = [int(x) for x in sh(STREAM_PIDS).split()]
             assert len(pids) == 1, pids  # one channel per watched host
