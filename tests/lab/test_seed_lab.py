@@ -31,7 +31,11 @@ INVOKE = str(Path(sys.executable).parent / "invoke")
 PORT = {"lab3": 8003, "lab4": 8004}
 INDEX = {"lab3": 3, "lab4": 4}
 AOT = "/var/cache/vigil/vllm/torch_compile_cache/torch_aot_compile"
-CLEAR = "systemctl stop vllm; rm -rf /var/cache/vigil/vllm/* /tmp/torchinductor_vllm"
+# Stopped with the unit's cgroup emptied (lab.stop_now): on the lab's cgroup v1 a plain stop
+# can leave a process of the last run in it, and the next start fails at once. A fresh-clone
+# CI under load saw `deploy --restart` of lab3 fail so ("the control process exited with
+# error code", 0.7 s) right after test_runtime_lab's last start there.
+CLEAR = f"{hosts.stop_now()}; rm -rf /var/cache/vigil/vllm/* /tmp/torchinductor_vllm"
 
 
 def sh(host: str, command: str, timeout: float = 300) -> str:

@@ -161,6 +161,7 @@ class Spin:
     after: list[str]  # log lines after the spin line
     loaded_in: int  # processes that logged loading the plugin
     armed_in_worker: bool
+    polls: tuple[float, ...]  # when each snapshot of the start was taken
 
 
 def spin_evidence(out: Outcome) -> Spin:
@@ -184,6 +185,7 @@ def spin_evidence(out: Outcome) -> Spin:
         loaded_in=sum("vigil-lab-stall: loaded in pid" in ln.text for ln in lines),
         armed_in_worker=any("Worker" in ln.text and "vigil-lab-stall: armed in pid" in ln.text
                             for ln in lines),
+        polls=tuple(s.time for s in snaps),
     )
 
 
@@ -196,14 +198,22 @@ def assert_spun_and_stalled(out: Outcome, window: float) -> None:
           f"{sorted(ev.cache_files)}, stalled {st.now - ev.at:.1f} s after the spin began "
           f"(window {window:.0f} s); proof: {st.proof}")
     # the plugin loaded in the API server, the engine core and the worker, armed in the
-    # worker, and really spun: a core busy (SIGSTOP shows 0; measured 0.99-1.00 on an
-    # idle machine, 0.68 with other work on the 2 shared cores), the cache flat, the log
-    # frozen but for the engine's shared-memory warnings (noise, not progress)
+    # worker, and really spun: busy, not stopped (SIGSTOP shows 0.00; measured 0.99-1.00
+    # on an idle machine, 0.68 with other work on the 2 shared cores, 0.35 in CI's lanes
+    # beside a unit-test run), the cache flat, the log frozen but for the engine's
+    # shared-memory warnings (noise, not progress)
     assert ev.loaded_in == 3 and ev.armed_in_worker
-    assert ev.cpu_per_wall >= 0.4
+    assert ev.cpu_per_wall >= 0.1
     assert len(ev.cache_files) == 1
     assert all("No available shared memory broadcast block" in t for t in ev.after), ev.after
-    assert window <= st.now - ev.at <= window + 3 * POLL_S
+    # Nothing after the spin began counted as progress (its CPU included): the last
+    # progress is the spin's own line, at the first or second poll that saw it; and the
+    # verdict came at the first poll past the window from it, however long a loaded
+    # machine made the polls.
+    last = st.last_progress_at
+    assert last is not None and ev.at - POLL_S <= last <= [t for t in ev.polls if t >= ev.at][1]
+    assert st.now - last >= window
+    assert max(t for t in ev.polls if t < st.now) - last < window
 
 
 def test_a_compile_spinning_at_full_cpu_is_stalled_by_the_learned_window(

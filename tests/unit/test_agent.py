@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
+
+import pytest
 
 from tests.agent_payload import agent
 from tests.paths import REPO
@@ -74,3 +77,40 @@ def test_facts_reply_parses_straight_into_host_facts(tmp_path: Path) -> None:
     assert facts.disk_free_bytes > 0 and facts.port_listening is False
     with pytest.raises(HostError, match="here: unexpected facts reply: uid"):
         parse_facts("here", {"files": {}, "writable": {}})
+
+
+FAKE_SYSTEMD = """#!/bin/sh
+case "$(basename "$0") $1" in
+  "systemctl restart"|"systemctl start")
+    echo "Job for $2.service failed because the control process exited with error code." >&2
+    exit 1 ;;
+  "systemctl show") printf 'Result=exit-code\\nExecMainCode=1\\nExecMainStatus=219\\n' ;;
+  "systemctl "*) exit 0 ;;
+  journalctl*)
+    case "$*" in
+      *UNIT=vllm*) echo "vllm.service: Failed to kill control group: Input/output error"
+                   echo "vllm.service: Main process exited, code=exited, status=219/CGROUP" ;;
+      *) echo "(APIServer) non-default args: api_key=sk-the-secret" ;;
+    esac ;;
+esac
+"""
+
+
+def test_a_failed_start_carries_systemds_own_account_and_none_of_the_services_output(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``systemctl restart`` says only "the control process exited with error code": the
+    reply adds the unit's result and exit status and systemd's own lines about it (the
+    cgroup it could not clear), never a line the service printed."""
+    for name in ("systemctl", "journalctl"):
+        exe = tmp_path / name
+        exe.write_text(FAKE_SYSTEMD)
+        exe.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    for verb in ("restart", "start"):
+        res = agent._systemctl([verb, "vllm"])
+        assert not res["ok"] and "control process exited" in res["error"]
+        assert "  systemd: Result=exit-code ExecMainCode=1 ExecMainStatus=219" in res["tail"]
+        assert "  | vllm.service: Main process exited, code=exited, status=219/CGROUP" \
+            in res["tail"]
+        assert "secret" not in res["tail"]
+    assert "tail" not in agent._systemctl(["daemon-reload"])

@@ -161,9 +161,30 @@ def kill_pids(action: Json) -> Json:
     return {"ok": True, "killed": pids, "forced": alive, "gone": gone}
 
 
+STARTS = ("start", "restart", "try-restart", "reload-or-restart")
+
+
 def _systemctl(args: List[str]) -> Json:
     code, out = run(["systemctl"] + args, timeout=300)
-    return {"ok": code == 0, "error": out if code else None}
+    res: Json = {"ok": code == 0, "error": out if code else None}
+    if code and args and args[0] in STARTS:
+        res["tail"] = systemd_account(args[-1])
+    return res
+
+
+def systemd_account(unit: str, lines: int = 8) -> str:
+    """Why systemd says a start failed, in its own words: the unit's result and exit status,
+    then systemd's last lines about it ("Main process exited, code=exited,
+    status=219/CGROUP", "Failed at step EXEC spawning ..."). Only systemd's lines
+    (UNIT=): the service's own output can hold what the operator keeps secret."""
+    _, show = run(["systemctl", "show", unit, "-p", "Result", "-p", "ExecMainCode",
+                   "-p", "ExecMainStatus"], timeout=60)
+    _, said = run(["journalctl", "--no-pager", "-o", "cat", "-n", str(lines),
+                   "UNIT=%s" % unit], timeout=60)
+    account = ["  systemd: %s" % " ".join(show.split())] if show else []
+    account += ["  | %s" % ln for ln in said.splitlines() if ln.strip()
+                and not ln.startswith("-- ")]
+    return "\n".join(account)
 
 
 def _restart(unit: str) -> Json:
