@@ -23,6 +23,8 @@ from xdist.scheduler import LoadScopeScheduling
 from tests.paths import REPO, TESTS
 
 LAB = TESTS / "lab"
+UNMARKED = ("a lab module says which lab hosts it drives: "
+            "pytestmark = [..., pytest.mark.drives(1, 2)]")
 
 
 def drives(pytestmark: Any) -> frozenset[int] | None:
@@ -53,9 +55,7 @@ def lab_modules() -> dict[str, frozenset[int]]:
         hosts = drives(getattr(module, "pytestmark", None))
         rel = path.relative_to(REPO).as_posix()
         if hosts is None:
-            raise pytest.UsageError(
-                f"{rel}: a lab module says which lab hosts it drives: "
-                "pytestmark = [..., pytest.mark.drives(1, 2)]")
+            raise pytest.UsageError(f"{rel}: {UNMARKED}")
         found[rel] = hosts
     return found
 
@@ -77,6 +77,4 @@ def check_marked(items: Iterable[pytest.Item]) -> None:
     """A lab test whose module does not say its hosts is refused at collection."""
     for item in items:
         if item.get_closest_marker("drives") is None:
-            raise pytest.UsageError(
-                f"{item.path.name}: a lab module says which lab hosts it drives: "
-                "pytestmark = [..., pytest.mark.drives(1, 2)]")
+            raise pytest.UsageError(f"{item.path.name}: {UNMARKED}")

@@ -34,7 +34,6 @@ def worst(codes: Iterable[int]) -> int:
     return next((int(c) for c in SEVERITY if c in found), max(found, default=0))
 
 
-
 # What each code means to the person who ran the task (the reference page's table).
 MEANING: Mapping[ExitCode, str] = {
     ExitCode.OK: "deploy: every host `ok` or `changed`; verify: ready",

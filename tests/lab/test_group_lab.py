@@ -291,10 +291,10 @@ def test_a_missing_worker_stalls_then_a_killed_worker_crashes_naming_it(
 
 # -- the Ray backend: vigil deploys the cluster, vLLM's CPU build refuses it --------------
 
-# lab7 and lab6 install with uv (test_flashinfer_lab.py, the native group above), whose cache
-# lives in each host's /var/cache/vigil: an env_root on that mount lets uv hardlink the
-# ~3.4 GB of vLLM instead of copying them (its own `current`, so the hosts' vllm.service
-# environments under /opt/vigil/envs are untouched).
+# The Ray nodes install with uv (installer: uv below), whose cache lives in each host's
+# /var/cache/vigil: an env_root on that mount lets uv hardlink the ~3.4 GB of vLLM instead
+# of copying them (its own `current`, so the hosts' vllm.service environments under
+# /opt/vigil/envs are untouched).
 RAY_HEAD, RAY_WORKER = 7, 6
 RAY_UNIT = "vllm-rg"
 RAY_ENV_ROOT = "/var/cache/vigil/envs"

@@ -30,6 +30,7 @@ class Verdict(StrEnum):
 
 
 TERMINAL = frozenset(v for v in Verdict if v is not Verdict.SLOW)
+VERDICTS = tuple(Verdict)
 # A watch's verdict as the task's exit code (verify, replay, deploy's watch, a group's
 # watch); SLOW, or no verdict yet, is not an end of its own.
 EXIT: Mapping[Verdict, ExitCode] = {
@@ -40,8 +41,11 @@ EXIT: Mapping[Verdict, ExitCode] = {
 
 def exit_of(verdict: str | None, unended: ExitCode) -> ExitCode:
     """The task's exit code for a watch's verdict; ``unended`` where it has none that ends."""
-    return EXIT[Verdict(verdict)] if verdict in TERMINAL and verdict is not None else unended
-VERDICTS = tuple(Verdict)
+    if verdict is None or verdict not in TERMINAL:
+        return unended
+    return EXIT[Verdict(verdict)]
+
+
 MOVE_MIB = 64.0
 RSS_MOVE = 64 * 1024 * 1024
 CPU_BUSY = 0.3  # tree CPU seconds per wall second that count as "working"
