@@ -118,7 +118,8 @@ class RecordedHost:
         self.fail_probes = fail_probes
         self.commands: list[tuple[str, str]] = []
 
-    def run(self, command: str, *, stdin: str = "", timeout: float | None = None) -> Result:
+    def run(self, command: str, *, stdin: str = "", timeout: float | None = None,
+            limit: int | None = None) -> Result:
         self.round_trips += 1
         self.commands.append((command, stdin))
         verb = agent_verb(command)

@@ -40,7 +40,8 @@ class RecordingLocal(LocalTransport):
         super().__init__(name)
         self.sent: list[tuple[str, str]] = []
 
-    def run(self, command: str, *, stdin: str = "", timeout: float | None = None) -> Result:
+    def run(self, command: str, *, stdin: str = "", timeout: float | None = None,
+            limit: int | None = None) -> Result:
         self.sent.append((command, stdin))
         return super().run(command, stdin=stdin, timeout=timeout)
 
@@ -121,7 +122,8 @@ class GarbledHost(RecordedHost):
         super().__init__(snaps)
         self.garbled = garbled
 
-    def run(self, command: str, *, stdin: str = "", timeout: float | None = None) -> Result:
+    def run(self, command: str, *, stdin: str = "", timeout: float | None = None,
+            limit: int | None = None) -> Result:
         if agent_verb(command) == "probe" and self.garbled:
             self.garbled -= 1
             self.round_trips += 1
@@ -239,7 +241,7 @@ def test_a_host_refusing_the_record_keeps_the_verdict_and_says_why(
 ) -> None:
     class Refusing(RecordedHost):
         def run(self, command: str, *, stdin: str = "",
-                timeout: float | None = None) -> Result:
+                timeout: float | None = None, limit: int | None = None) -> Result:
             if agent_verb(command) == "history" and \
                     json.loads(remote.verb_input(stdin))["append"] is not None:
                 return Result(json.dumps({"error": "Permission denied"}), "", 0)
@@ -394,8 +396,8 @@ def test_smoke_against_a_closed_port_is_not_ok() -> None:
 
 def test_a_smoke_that_dies_on_the_host_is_not_ok() -> None:
     class Dead(RecordingLocal):
-        def run(self, command: str, *, stdin: str = "", timeout: float | None = None
-                ) -> Result:
+        def run(self, command: str, *, stdin: str = "", timeout: float | None = None,
+                limit: int | None = None) -> Result:
             return Result("", "Traceback...\nKeyError: 'port'", 1)
 
     t = watch.ProbeTarget("vllm", 1, "vllm", "/c", "/no/python", "tiny")

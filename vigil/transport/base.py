@@ -23,9 +23,12 @@ class Transport(Protocol):
     round_trips: int
 
     def run(self, command: str, *, stdin: str = "", timeout: float | None = None,
-            on_stderr: Callable[[str], None] | None = None) -> Result:
+            on_stderr: Callable[[str], None] | None = None,
+            limit: int | None = None) -> Result:
         """Run a command; ``on_stderr`` gets each line of its stderr as it comes (the
-        agent's progress), which stays in the result too."""
+        agent's progress), which stays in the result too (its tail). ``timeout`` holds
+        while output keeps coming; stdout over ``limit`` bytes (the transport's own bound
+        when None) is a HostError."""
         ...
 
     def hold(self, command: str) -> Held:

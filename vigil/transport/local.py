@@ -49,7 +49,17 @@ class LocalTransport(Closing):
         self.guards: list[Callable[[], None]] = []  # see host_lock
 
     def run(self, command: str, *, stdin: str = "", timeout: float | None = None,
-            on_stderr: Callable[[str], None] | None = None) -> Result:
+            on_stderr: Callable[[str], None] | None = None,
+            limit: int | None = None) -> Result:
+        result = self._run(command, stdin, timeout, on_stderr)
+        # the controller's own machine: checked after the fact, as a host's reply is
+        if limit is not None and len(result.stdout.encode(errors="replace")) > limit:
+            raise HostError(self.name, f"the reply is over {limit} bytes",
+                            fix="a vigil agent's reply is never that large")
+        return result
+
+    def _run(self, command: str, stdin: str, timeout: float | None,
+             on_stderr: Callable[[str], None] | None) -> Result:
         for guard in self.guards:
             guard()
         self.round_trips += 1

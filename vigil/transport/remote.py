@@ -46,6 +46,24 @@ BOOTSTRAP = (
 )
 
 
+MiB = 1024 * 1024
+# The most a verb's reply may hold (stdout bytes): a reply past it is a HostError for that
+# host, read no further (a hostile or broken host's endless reply never fills memory).
+# Small for a verb that reads a few files; a cache chunk is CHUNK_MAX (16 MiB) in base64.
+REPLY_MAX: dict[str, int] = {
+    "status": 4 * MiB, "facts": 8 * MiB, "role_facts": 4 * MiB, "packages": 8 * MiB,
+    "rollback": 4 * MiB, "smoke": 4 * MiB, "reach_listen": 1 * MiB, "reach_connect": 1 * MiB,
+    "cache_list": 8 * MiB, "cache_write": 1 * MiB, "cache_drop": 1 * MiB,
+    "cache_pack": 8 * MiB, "cache_read": 24 * MiB,
+    "probe": 32 * MiB, "logs": 32 * MiB, "history": 32 * MiB, "apply": 16 * MiB,
+}
+REPLY_MAX_OTHER = 16 * MiB
+
+
+def reply_max(verb: str) -> int:
+    return REPLY_MAX.get(verb, REPLY_MAX_OTHER)
+
+
 def agent_command(verb: str, python: str | None = None) -> str:
     """The shell command running one verb: with `python` (the service environment's, where
     nvidia-ml-py lives) when it exists there, else the host's python3. Its stdin must
@@ -118,14 +136,16 @@ def call_with(
 ) -> dict[str, Any]:
     """`call` for a caller that holds a privilege wrapper instead of the host's variables."""
     command, stdin = as_root(agent_command(verb, python)), agent_stdin(json.dumps(request))
+    limit = reply_max(verb)
     if on_progress is None:
-        result = transport.run(command, stdin=stdin, timeout=timeout)
+        result = transport.run(command, stdin=stdin, timeout=timeout, limit=limit)
     else:
         def told(line: str) -> None:
             progress = progress_of(line)
             if progress is not None:
                 on_progress(progress)
-        result = transport.run(command, stdin=stdin, timeout=timeout, on_stderr=told)
+        result = transport.run(command, stdin=stdin, timeout=timeout, on_stderr=told,
+                               limit=limit)
     # progress is not an error: a failure's message keeps only the rest of stderr
     kept = "".join(ln for ln in result.stderr.splitlines(keepends=True)
                    if not ln.startswith(PROGRESS_MARK))

@@ -47,6 +47,9 @@ logging.getLogger("paramiko").addHandler(logging.NullHandler())
 logging.getLogger("paramiko").propagate = False
 
 RELEASE_WAIT_S = 10.0
+OUTPUT_MAX = 64 * 1024 * 1024  # a command's stdout when the caller sets no limit
+ERR_KEEP = 256 * 1024  # the tail of stderr a result keeps (every line is told as it comes)
+READ_CHUNK = 65536
 
 class _SSHHeld:
     def __init__(self, channel: paramiko.Channel) -> None:
@@ -366,37 +369,21 @@ class SSHTransport(Closing):
         return channel
 
     def run(self, command: str, *, stdin: str = "", timeout: float | None = None,
-            on_stderr: Callable[[str], None] | None = None) -> Result:
+            on_stderr: Callable[[str], None] | None = None,
+            limit: int | None = None) -> Result:
         for guard in self.guards:
             guard()
         self.round_trips += 1
         channel = self._channel(command)
-        if stdin:
-            channel.sendall(stdin.encode())
-        channel.shutdown_write()
-        out, err = bytearray(), bytearray()
-        told = 0  # bytes of err already passed to on_stderr
         deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            got = False
-            while channel.recv_ready():
-                out += channel.recv(65536)
-                got = True
-            while channel.recv_stderr_ready():
-                err += channel.recv_stderr(65536)
-                got = True
-                if on_stderr is not None:
-                    told = _tell_lines(err, told, on_stderr)
-            if channel.exit_status_ready() and not channel.recv_ready() \
-                    and not channel.recv_stderr_ready():
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                channel.close()
-                raise HostError(self.name, f"command timed out after {timeout:.0f} s")
-            if not got:
-                select.select([channel], [], [], 0.05)
-        status = channel.recv_exit_status()
-        channel.close()
+        try:
+            if stdin:
+                channel.sendall(stdin.encode())
+            channel.shutdown_write()
+            out, err, status = self._read(channel, deadline, timeout,
+                                          OUTPUT_MAX if limit is None else limit, on_stderr)
+        finally:
+            channel.close()
         if status == -1 and not self._transport().is_active():
             # the connection ended under the command (sshd killed, network gone)
             for guard in self.guards:
@@ -406,6 +393,55 @@ class SSHTransport(Closing):
                 "may have run in part", fix="check the host and the network, then run again",
             )
         return Result(out.decode(errors="replace"), err.decode(errors="replace"), status)
+
+    def _read(self, channel: paramiko.Channel, deadline: float | None,
+              timeout: float | None, limit: int,
+              on_stderr: Callable[[str], None] | None) -> tuple[bytearray, bytearray, int]:
+        """Read a command's stdout and stderr to EOF (not to its exit status, which may
+        come before the last of its output), then its exit status. The deadline holds
+        while bytes keep coming; stdout over ``limit`` bytes ends the command as one
+        error; of stderr only the last ERR_KEEP bytes are kept (each line is told)."""
+        out, err = bytearray(), bytearray()
+        told = 0  # bytes of err already passed to on_stderr
+        while True:
+            if deadline is not None and time.monotonic() > deadline:
+                raise HostError(self.name, f"command timed out after {timeout:.0f} s")
+            got = False
+            if channel.recv_ready():
+                out += channel.recv(min(READ_CHUNK, limit + 1 - len(out)))
+                got = True
+                if len(out) > limit:
+                    raise HostError(
+                        self.name, f"the reply is over {_size(limit)}; it was cut off "
+                        "there and the command ended", fix="a vigil agent's reply is never "
+                        "that large: check the host (a hostile or broken agent, or a "
+                        "command that prints without end)")
+            if channel.recv_stderr_ready():
+                err += channel.recv_stderr(READ_CHUNK)
+                got = True
+                if on_stderr is not None:
+                    told = _tell_lines(err, told, on_stderr)
+                if len(err) > 2 * ERR_KEEP:
+                    drop = len(err) - ERR_KEEP
+                    if on_stderr is not None and told < drop:  # a line longer than kept
+                        on_stderr(bytes(err[told:drop]).decode(errors="replace"))
+                    told = max(told - drop, 0)
+                    del err[:drop]
+            if not got:
+                if channel.closed or (channel.eof_received and not channel.recv_ready()
+                                      and not channel.recv_stderr_ready()):
+                    break
+                wait = 0.2 if deadline is None else min(0.2, deadline - time.monotonic())
+                select.select([channel], [], [], max(wait, 0))
+        if on_stderr is not None and told < len(err):  # a last line without its newline
+            on_stderr(bytes(err[told:]).decode(errors="replace"))
+        # EOF came; the exit status follows it (or the channel closed: -1)
+        while not channel.status_event.wait(0.2):
+            if deadline is not None and time.monotonic() > deadline:
+                raise HostError(self.name, f"command timed out after {timeout:.0f} s")
+            if channel.closed:
+                break
+        return out, err, channel.recv_exit_status() if channel.status_event.is_set() else -1
 
     def hold(self, command: str) -> _SSHHeld:
         self.round_trips += 1
@@ -422,6 +458,9 @@ def _tell_lines(err: bytearray, told: int, on_stderr: Callable[[str], None]) -> 
             on_stderr(line)
         return end
     return told
+
+def _size(n: int) -> str:
+    return f"{n / 2**20:g} MiB" if n >= 2**20 else f"{n} bytes"
 
 def _os_reason(exc: OSError) -> str:
     """The system's own words: paramiko wraps a refused connect per address it tried
