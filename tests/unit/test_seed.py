@@ -8,9 +8,14 @@ import hashlib
 import io
 import json
 import os
+import pwd
+import shutil
 import tarfile
+import tempfile
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -80,8 +85,10 @@ def test_the_plan_seeds_what_the_host_lacks_and_says_from_which_start() -> None:
     assert "lab1's ready start 2025-12-02 08:00 UTC, compiled in 47.4 s" in step.reason
     assert "40d4ff84fc (12.3 MB) that this host lacks" in step.reason
     assert "1a2b3c4d5e" not in step.reason  # the host has that one: not sent
+    (part,) = (p for p in _manifest().parts if p.entry == AOT)
     assert step.payload["blobs"] == [{"entry": AOT, "blob": "ab" * 32 + ".tar.gz",
-                                      "sha256": "ab" * 32}]
+                                      "sha256": "ab" * 32, "files": part.files,
+                                      "bytes_raw": part.bytes_raw}]
     assert step.payload["user"] == "vllm"
 
 
@@ -181,7 +188,8 @@ def _cache(root: Path, tmp: Path | None = None) -> None:
 
 
 def _roots(tmp_path: Path, host: str) -> dict[str, str]:
-    return {"root": str(tmp_path / host / "cache"), "tmp_root": str(tmp_path / host / "tmp")}
+    return {"root": str(tmp_path / host / "cache"), "tmp_root": str(tmp_path / host / "tmp"),
+            "user": "root"}
 
 
 def _carry(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
@@ -308,7 +316,7 @@ def test_a_ready_start_is_kept_and_a_crash_on_its_seed_quarantines_and_drops_it(
     # this machine's own /tmp/torchinductor_vllm stays out of it
     monkeypatch.setattr(seed, "tmp_root", lambda t: str(tmp_path / "tmp"))
     (t,) = _targets(tmp_path, """hosts:
-  local: {address: localhost, connection: local, model: tiny-cpu}
+  local: {address: localhost, connection: local, model: tiny-cpu, service_user: root}
 """).values()
     root = tmp_path / "cache"
     _cache(root)
@@ -364,3 +372,163 @@ def test_a_rollout_check_says_which_later_hosts_the_first_ready_start_of_their_k
     assert "b        would seed_cache: from a's start (an earlier batch" in out.getvalue()
     # hosts of one batch start together: none seeds another
     assert deploy_task.seeded_later(list(ts.values()), [["a", "b"]], results, Log(out)) == {}
+
+
+# -- attacks on the host side (issue 33.1, 33.3, 33.7, 33.8), each as it was made ---------
+
+
+NOBODY = pwd.getpwnam("nobody")
+
+
+@pytest.fixture
+def world(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A directory the service user (nobody) can reach (pytest's tmp_path is root's 0700),
+    with root's own SEED_DIR inside it."""
+    base = Path(tempfile.mkdtemp(prefix="vigil-seed-"))
+    base.chmod(0o755)
+    seed_dir = base / "seed"
+    seed_dir.mkdir(mode=0o700)
+    monkeypatch.setattr(agent, "SEED_DIR", str(seed_dir))
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def _nobody_dir(path: Path) -> Path:
+    path.mkdir(parents=True)
+    os.chown(path, NOBODY.pw_uid, NOBODY.pw_gid)
+    return path
+
+
+def _blob(seed_dir: Path, members: list[tuple[str, bytes | None]]) -> dict[str, object]:
+    """A tar.gz upload in SEED_DIR of the given members (None: a directory)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return _upload(seed_dir, buf.getvalue())
+
+
+def _upload(seed_dir: Path, raw: bytes, entry: str = GRAPHS) -> dict[str, object]:
+    digest = hashlib.sha256(raw).hexdigest()
+    (seed_dir / f"{digest}.tar.gz").write_bytes(raw)
+    return {"entry": entry, "blob": f"{digest}.tar.gz", "sha256": digest}
+
+
+def _seed_as_nobody(world: Path, blobs: list[dict[str, object]]) -> dict[str, object]:
+    return agent.seed({"root": str(world / "b" / "cache"), "tmp_root": str(world / "b" / "tmp"),
+                       "user": "nobody", "blobs": blobs}, {})
+
+
+def test_a_seed_is_unpacked_as_the_service_user_and_owned_by_it(world: Path) -> None:
+    _nobody_dir(world / "b" / "cache")
+    part = _blob(world / "seed", [(GRAPHS, None), (GRAPHS + "/rank_0_0/x.py", b"graph")])
+    assert _seed_as_nobody(world, [part]) == {"ok": True, "seeded": [GRAPHS], "kept": []}
+    made = world / "b" / "cache" / GRAPHS / "rank_0_0" / "x.py"
+    assert made.read_bytes() == b"graph"
+    for p in (made, made.parent, made.parent.parent, made.parent.parent.parent):
+        assert p.stat().st_uid == NOBODY.pw_uid, p
+
+
+def test_the_service_user_swapping_the_stage_for_a_link_never_gets_roots_files(
+        world: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """33.1: the stage renamed mid-unpack and a link to a root directory put in its place;
+    the old code then chowned the link's tree (/etc/shadow's stand-in) to the user."""
+    _nobody_dir(world / "b" / "cache")
+    victim = world / "etc"
+    victim.mkdir()
+    (victim / "shadow").write_text("root:x")
+    (victim / "shadow").chmod(0o600)
+    part = _blob(world / "seed", [(GRAPHS, None), (GRAPHS + "/a.py", b"a"),
+                                  (GRAPHS + "/sub/b.py", b"b")])
+    copy = shutil.copyfileobj
+
+    def swap(src: Any, dst: Any, *a: Any) -> None:
+        parent = world / "b" / "cache" / "torch_compile_cache"
+        for stage in parent.glob(".vigil-seed-*"):
+            if not stage.is_symlink():
+                stage.rename(parent / "moved")
+                stage.symlink_to(victim)
+        copy(src, dst, *a)
+
+    monkeypatch.setattr(shutil, "copyfileobj", swap)
+    try:
+        res: dict[str, Any] | None = _seed_as_nobody(world, [part])
+    except Exception:  # the old code raised after the chown
+        res = None
+    assert (victim / "shadow").stat().st_uid == 0 and (victim / "shadow").read_text() == "root:x"
+    assert sorted(p.name for p in victim.iterdir()) == ["shadow"]
+    assert res is not None and res["seeded"] == [] and GRAPHS in res["warning"]
+
+
+def test_a_symlinked_parent_never_lists_or_packs_a_root_only_folder(world: Path) -> None:
+    """33.3: ``torch_compile_cache -> /rootonly`` with a hex child packed root's 0600 file."""
+    root = _nobody_dir(world / "a" / "cache")
+    rootonly = world / "rootonly" / ("ab" * 16)
+    rootonly.mkdir(parents=True)
+    (rootonly / "secret").write_text("root's")
+    (rootonly / "secret").chmod(0o600)
+    (root / "torch_compile_cache").symlink_to(world / "rootonly")
+    os.lchown(root / "torch_compile_cache", NOBODY.pw_uid, NOBODY.pw_gid)
+    req = {"root": str(root), "tmp_root": str(world / "a" / "tmp"), "user": "nobody"}
+    entry = "torch_compile_cache/" + "ab" * 16
+    assert agent.cache_list(req) == {"entries": []}
+    assert agent.cache_entries({**req, "names": True}) == []
+    packed = agent.cache_pack({**req, "entries": [entry]})
+    assert packed["blobs"] == [] and not list((world / "seed").iterdir())
+
+
+def test_an_entry_with_a_root_only_file_inside_is_not_packed_for_others(world: Path) -> None:
+    """What the service user cannot read is never in a pack, whatever root can read."""
+    root = _nobody_dir(world / "a" / "cache")
+    entry = _nobody_dir(root / GRAPHS)
+    (entry / "mine.py").write_text("x")
+    os.chown(entry / "mine.py", NOBODY.pw_uid, NOBODY.pw_gid)
+    (entry / "roots").write_text("secret")
+    (entry / "roots").chmod(0o600)
+    req = {"root": str(root), "tmp_root": str(world / "a" / "tmp"), "user": "nobody"}
+    packed = agent.cache_pack({**req, "entries": [GRAPHS]})
+    assert packed["blobs"] == [] and "PermissionError" in packed["warning"]
+
+
+@pytest.mark.parametrize("make, why", [
+    (lambda d: _upload(d, b"not a gzip at all"), "not a packed cache"),
+    (lambda d: _blob(d, [(GRAPHS, None), (GRAPHS + "/x", b"1"), (GRAPHS + "/x", b"2")]),
+     "twice"),
+    (lambda d: {**_blob(d, [(GRAPHS, None)]),
+                "entry": "torch_compile_cache/../../../../etc/" + "a" * 10},
+     "not a cache entry"),
+])
+def test_a_bad_seed_seeds_that_entry_not_with_one_warning_and_never_fails(
+        world: Path, make: Any, why: str) -> None:
+    """33.7: a non-gzip blob, a duplicate member, an entry that climbs out: the others
+    still seed, the host starts cold on that one, the reply is ok."""
+    _nobody_dir(world / "b" / "cache")
+    good = _blob(world / "seed", [(AOT, None), (AOT + "/model", b"aot")])
+    good["entry"] = AOT
+    res = _seed_as_nobody(world, [make(world / "seed"), good])
+    assert res["ok"] and res["seeded"] == [AOT] and why in str(res["warning"])
+    assert not (world / "etc").exists() and not (world / "b" / "cache" / GRAPHS).exists()
+
+
+def test_a_decompression_bomb_is_refused_from_its_listing_before_a_byte_is_written(
+        world: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """33.8: a 3 MB blob that unpacks to GiBs: the part's own size (from its harvest) bounds
+    it, a ceiling bounds a part that claims none, and the free space is checked first."""
+    _nobody_dir(world / "b" / "cache")
+    big = [(GRAPHS, None), (GRAPHS + "/zeros", b"\0" * 200_000)]
+    res = _seed_as_nobody(world, [{**_blob(world / "seed", big), "bytes_raw": 1000}])
+    assert res["seeded"] == [] and "more than 1000 bytes" in str(res["warning"])
+    monkeypatch.setattr(agent, "UNPACK_MAX_BYTES", 50_000)
+    res = _seed_as_nobody(world, [_blob(world / "seed", big)])
+    assert "more than 50000 bytes" in str(res["warning"])
+    monkeypatch.setattr(agent, "UNPACK_MAX_BYTES", 1 << 40)
+    monkeypatch.setattr(agent, "FREE_MARGIN", 1 << 60)
+    res = _seed_as_nobody(world, [_blob(world / "seed", big)])
+    assert "free under" in str(res["warning"])
+    assert not list((world / "b" / "cache" / "torch_compile_cache").iterdir())

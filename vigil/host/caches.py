@@ -9,6 +9,11 @@ the host lacks, by one rename into place; it never writes into an entry that exi
 a cache a running or starting vLLM uses is never touched (vLLM loads only the entry of
 its own hash, and checks it).
 
+Whatever touches a directory the service user controls (its cache root, its directory
+in /tmp) runs as that user (``as_user``): root checks an upload's sha256 in its own
+SEED_DIR and hands the child an open descriptor. A process of the service user that
+renames or links things mid-seed reaches only what it could reach itself.
+
 Part of the host agent (joined into one script by vigil/host/payload.py): stdlib only,
 Python 3.8+.
 """
@@ -17,16 +22,19 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import hashlib
+import json
 import os
 import pwd
 import re
 import shutil
 import stat
 import tarfile
-from typing import Dict, List, Optional, Tuple
+import zlib
+from typing import IO, Callable, Dict, List, Optional, Tuple
 
-from vigil.host.common import O_NOFOLLOW, Json
+from vigil.host.common import O_NOFOLLOW, O_NONBLOCK, Json
 
 # Where packed caches wait on a host (root-only): the pack before the controller reads
 # it, the upload before the seed unpacks it.
@@ -43,8 +51,76 @@ TMP_ENTRIES = ("_tmp/precompiled_headers",)
 _HASH = re.compile(r"[0-9a-f]{8,64}\Z")
 _BLOB = re.compile(r"[0-9a-f]{16,64}\.tar\.gz\Z")
 CHUNK_MAX = 16 * 1024 * 1024
+# What one entry may unpack to, whatever its pack or the controller says: a kept entry on
+# the lab is ~150 MB and ~2,000 files; the biggest seen on a GPU host a few GB.
+UNPACK_MAX_BYTES = 64 << 30
+UNPACK_MAX_FILES = 500000
+FREE_MARGIN = 1 << 30  # left free on the cache's filesystem after a seed
 
 
+def _owner(user: str) -> Tuple[int, int]:
+    pw = pwd.getpwnam(user)
+    return pw.pw_uid, pw.pw_gid
+
+
+def _real_path(top: str, rel: str = "") -> bool:
+    """Whether ``top/rel`` is a directory reached through real directories only: no
+    component from ``top`` down (``top`` included) is a symlink. A link planted anywhere
+    on the way (``torch_compile_cache -> /rootonly``) makes it not an entry."""
+    path = top
+    for name in [top] + [p for p in rel.split("/") if p]:
+        path = name if name == top else os.path.join(path, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return False
+        if not stat.S_ISDIR(st.st_mode):
+            return False
+    return True
+
+
+def as_user(uid: int, gid: int, work: Callable[[], Json]) -> Json:
+    """``work()`` in a child that holds the service user's uid and gid and no other group,
+    its JSON reply through a pipe. What it reads, writes, renames or removes, that user
+    could have done itself: root never acts by path inside a directory the user controls
+    (where a rename or a planted link behind a check would turn root's chown or read onto
+    a file of root's). An exception is ``{"error": …}``. The same user: in this process."""
+    if os.geteuid() == uid:
+        try:
+            return work()
+        except Exception as exc:  # one entry's failure is its reply
+            return {"error": "%s: %s" % (type(exc).__name__, exc)}
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into the agent
+        try:
+            os.close(r)
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            os.umask(0o022)
+            try:
+                out = work()
+            except Exception as exc:
+                out = {"error": "%s: %s" % (type(exc).__name__, exc)}
+            data = json.dumps(out).encode("utf-8")
+            while data:
+                data = data[os.write(w, data):]
+        finally:
+            os._exit(0)
+    os.close(w)
+    chunks: List[bytes] = []
+    with os.fdopen(r, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 16), b""):
+            chunks.append(block)
+    _, status = os.waitpid(pid, 0)
+    try:
+        reply = json.loads(b"".join(chunks).decode("utf-8"))
+    except ValueError:
+        reply = None
+    if not isinstance(reply, dict):
+        return {"error": "the service user's child ended without a reply (status %d)" % status}
+    return reply
 def _tree_size(path: str) -> Tuple[int, int, float]:
     files = size = 0
     newest = 0.0
@@ -61,39 +137,46 @@ def _tree_size(path: str) -> Tuple[int, int, float]:
     return files, size, newest
 
 
+def _top(rel: str, req: Json) -> Tuple[str, str]:
+    """(the directory an entry lives under, its path below it): the cache root, or
+    /tmp/torchinductor_<user> for the header."""
+    if rel in TMP_ENTRIES:
+        return str(req["tmp_root"]), rel.split("/", 1)[1]
+    return str(req["root"]), rel
+
+
 def _where(rel: str, req: Json) -> str:
     """An entry's directory on this host."""
-    if rel in TMP_ENTRIES:
-        return os.path.join(str(req["tmp_root"]), rel.split("/", 1)[1])
-    return os.path.join(str(req["root"]), rel)
+    return os.path.join(*_top(rel, req))
 
 
-def _real_dir(path: str) -> bool:
-    return not os.path.islink(path) and os.path.isdir(path)
+def _is_entry(rel: str, req: Json) -> bool:
+    return _real_path(*_top(rel, req))
 
 
 def cache_entries(req: Json) -> List[Json]:
     """Every seedable entry on the host: its path, files, bytes and the newest file's
-    mtime (which start wrote it)."""
+    mtime (which start wrote it). Reached through real directories only."""
     root = str(req["root"])
     out: List[Json] = []
     names: List[str] = []
     for parent in ENTRY_PARENTS:
+        if not _real_path(root, parent):
+            continue
         try:
             names += [parent + "/" + n for n in sorted(os.listdir(os.path.join(root, parent)))
                       if _HASH.match(n)]
         except OSError:
             continue
-    if req.get("tmp_root") and _real_dir(str(req["tmp_root"])):
+    if req.get("tmp_root") and _real_path(str(req["tmp_root"])):
         names += list(TMP_ENTRIES)
     for rel in names:
-        path = _where(rel, req)
-        if not _real_dir(path):
+        if not _is_entry(rel, req):
             continue
         if req.get("names"):  # facts: which entries there are, not their size
             out.append({"path": rel})
             continue
-        files, size, newest = _tree_size(path)
+        files, size, newest = _tree_size(_where(rel, req))
         if files:
             out.append({"path": rel, "files": files, "bytes": size, "newest": newest})
     return out
@@ -127,43 +210,94 @@ def _unlink(path: str) -> None:
         os.unlink(path)
 
 
-def _sha256(path: str) -> str:
+def _sha256_fd(fd: int) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
+    os.lseek(fd, 0, os.SEEK_SET)
+    for block in iter(lambda: os.read(fd, 1 << 20), b""):
+        h.update(block)
+    os.lseek(fd, 0, os.SEEK_SET)
     return h.hexdigest()
 
 
-def _pack_one(rel: str, req: Json) -> Json:
-    src = _where(rel, req)
-    tmp = os.path.join(SEED_DIR, ".pack-%s" % os.urandom(8).hex())
+def _add_tree(tar: tarfile.TarFile, rel: str, src: str) -> int:
+    """Pack ``src`` as ``rel``: directories and regular files, each file opened without
+    following a link and described by its open descriptor (a file swapped for a link
+    between the walk and the read is not packed)."""
     files = 0
-    with tarfile.open(tmp, "w:gz", compresslevel=1) as tar:
-        for base, dirs, names in os.walk(src):
-            dirs[:] = sorted(d for d in dirs if not os.path.islink(os.path.join(base, d)))
-            arc = os.path.normpath(os.path.join(rel, os.path.relpath(base, src)))
-            tar.add(base, arcname=arc, recursive=False)
-            for name in sorted(names):
-                path = os.path.join(base, name)
-                if os.path.islink(path) or not os.path.isfile(path):
-                    continue  # vLLM and torch write plain files; anything else stays
-                tar.add(path, arcname=os.path.join(arc, name), recursive=False)
+    for base, dirs, names in os.walk(src):
+        dirs[:] = sorted(d for d in dirs if not os.path.islink(os.path.join(base, d)))
+        arc = os.path.normpath(os.path.join(rel, os.path.relpath(base, src)))
+        info = tarfile.TarInfo(arc)
+        info.type, info.mode, info.mtime = tarfile.DIRTYPE, 0o755, int(os.lstat(base).st_mtime)
+        tar.addfile(info)
+        for name in sorted(names):
+            try:
+                fd = os.open(os.path.join(base, name), os.O_RDONLY | O_NOFOLLOW | O_NONBLOCK)
+            except OSError as exc:  # a link, or a file gone: vLLM and torch write plain
+                if exc.errno in (errno.ELOOP, errno.ENOENT):  # files; one the user
+                    continue  # cannot read fails the entry (it would seed half of it)
+                raise
+            with os.fdopen(fd, "rb") as fh:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                info = tarfile.TarInfo(os.path.join(arc, name))
+                info.size, info.mtime = st.st_size, int(st.st_mtime)
+                info.mode = st.st_mode & 0o755 | 0o600
+                tar.addfile(info, fh)
                 files += 1
-    digest = _sha256(tmp)
-    name = digest + ".tar.gz"
-    os.replace(tmp, os.path.join(SEED_DIR, name))
-    return {"entry": rel, "blob": name, "sha256": digest, "files": files,
-            "bytes": os.path.getsize(os.path.join(SEED_DIR, name))}
+    return files
+
+
+def _pack_one(rel: str, req: Json, uid: int, gid: int) -> Json:
+    """Pack one entry into a root-only file of SEED_DIR, read by a child of the service
+    user's (a link planted anywhere in its cache reaches only what that user may read)."""
+    tmp = os.path.join(SEED_DIR, ".pack-%s" % os.urandom(8).hex())
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | O_NOFOLLOW, 0o600)
+    try:
+        def work() -> Json:
+            if not _is_entry(rel, req):
+                return {"error": "%s is not a real directory of the cache" % rel}
+            with os.fdopen(os.dup(fd), "wb") as out, \
+                    tarfile.open(fileobj=out, mode="w:gz", compresslevel=1) as tar:
+                files = _add_tree(tar, rel, _where(rel, req))
+            return {"files": files}
+
+        done = as_user(uid, gid, work)
+        if "error" in done:
+            _unlink(tmp)
+            return {"entry": rel, "warning": "%s not packed: %s" % (rel, done["error"])}
+        digest = _sha256_fd(fd)
+        name = digest + ".tar.gz"
+        os.replace(tmp, os.path.join(SEED_DIR, name))
+        return {"entry": rel, "blob": name, "sha256": digest, "files": int(done["files"]),
+                "bytes": os.fstat(fd).st_size}
+    finally:
+        os.close(fd)
 
 
 def cache_pack(req: Json) -> Json:
     """Pack each named entry into its own tar.gz under SEED_DIR (a blob per entry: a host
-    is sent only the entries it lacks, a harvest packs only what changed)."""
+    is sent only the entries it lacks, a harvest packs only what changed), as the service
+    user; one it cannot pack is a warning, never another's bytes."""
     wanted = [str(e) for e in req["entries"]]
     _check_entries(wanted)
+    uid, gid = _owner(str(req["user"]))
     os.makedirs(SEED_DIR, mode=0o700, exist_ok=True)
-    return {"blobs": [_pack_one(rel, req) for rel in wanted if _real_dir(_where(rel, req))]}
+    blobs: List[Json] = []
+    warnings: List[str] = []
+    for rel in wanted:
+        if not _is_entry(rel, req):
+            continue
+        one = _pack_one(rel, req, uid, gid)
+        if "warning" in one:
+            warnings.append(str(one["warning"]))
+        else:
+            blobs.append(one)
+    out: Json = {"blobs": blobs}
+    if warnings:
+        out["warning"] = "; ".join(warnings)
+    return out
 
 
 def cache_read(req: Json) -> Json:
@@ -214,61 +348,72 @@ def _member_ok(m: tarfile.TarInfo, entry: str) -> Optional[str]:
     return "%r is outside the entry %s" % (name, entry)
 
 
-def _owner(user: str) -> Tuple[int, int]:
-    pw = pwd.getpwnam(user)
-    return pw.pw_uid, pw.pw_gid
-
-
-def _own_dir(path: str, top: str, uid: int, gid: int) -> Optional[str]:
-    """Make the directory an entry goes into (each level from ``top``, the cache root or
-    /tmp/torchinductor_<user>, the service user's, as vLLM or torch would have made it),
-    or say why it may not be used: in /tmp someone else may have made it first."""
-    if not os.path.lexists(path):
-        if path == top:
-            os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-        else:
-            why = _own_dir(os.path.dirname(path), top, uid, gid)
-            if why is not None:
-                return why
-        os.mkdir(path, 0o755)
-        os.lchown(path, uid, gid)
-        return None
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid not in (0, uid):
-        return "%s is not a directory of the service user's" % path
-    return None
-
-
-def _seed_one(part: Json, req: Json, uid: int, gid: int) -> Tuple[str, str]:
-    """("seeded" | "kept" | a warning, the entry)."""
-    rel = str(part["entry"])
-    upload = _blob_path(str(part["blob"]))
-    dest = _where(rel, req)
-    if os.path.lexists(dest):
-        _unlink(upload)
-        return "kept", rel  # the host has it: never written over
+def check_pack(fileobj: IO[bytes], entry: str, max_bytes: int = UNPACK_MAX_BYTES,
+               max_files: int = UNPACK_MAX_FILES) -> Tuple[List[tarfile.TarInfo], int]:
+    """The members of one entry's pack and the bytes they unpack to, read from the pack's
+    own listing; ValueError says why it may not be unpacked: not a tar.gz, a member that
+    is no plain file or directory of the entry, a name twice, more bytes or files than
+    allowed. The controller checks a pack with it before keeping it, the host before
+    unpacking it."""
     try:
-        digest = _sha256(upload)
-    except FileNotFoundError:
-        return "the upload %s is missing" % upload, rel
-    if digest != part["sha256"]:
-        _unlink(upload)
-        return "%s: the upload's sha256 is %s, not %s" % (rel, digest[:16],
-                                                          str(part["sha256"])[:16]), rel
+        with tarfile.open(fileobj=fileobj, mode="r:gz") as tar:
+            members = []
+            total = 0
+            seen = set()
+            for m in tar:
+                why = _member_ok(m, entry)
+                if why is not None:
+                    raise ValueError(why)
+                name = os.path.normpath(m.name)
+                if name in seen:
+                    raise ValueError("%r twice" % m.name)
+                seen.add(name)
+                total += m.size if m.isreg() else 0
+                if total > max_bytes:
+                    raise ValueError("more than %d bytes unpacked" % max_bytes)
+                if len(seen) > max_files:
+                    raise ValueError("more than %d files" % max_files)
+                members.append(m)
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
+        raise ValueError("not a packed cache (%s)" % (exc,)) from None
+    if entry not in seen:
+        raise ValueError("no directory %s" % entry)
+    return members, total
+
+
+def _bound(part: Json, key: str, ceiling: int) -> int:
+    """A part's claimed size (the manifest's, from its harvest) under the ceiling, plus
+    room for the directories it lists."""
+    value = part.get(key)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 < value < ceiling:
+        return value
+    return ceiling
+
+
+def _unpack(fd: int, rel: str, req: Json, part: Json) -> Json:
+    """In the service user's child: make the entry's parent, check the pack's listing
+    against its bounds and the free space, unpack it into a staging directory beside its
+    place and rename it there. Nothing of root's is used but the open upload."""
+    top, below = _top(rel, req)
+    dest = os.path.join(top, below)
     parent = os.path.dirname(dest)
-    top = str(req["tmp_root"] if rel in TMP_ENTRIES else req["root"])
-    why = _own_dir(parent, top, uid, gid)
-    if why is not None:
-        _unlink(upload)
-        return why, rel
+    os.makedirs(parent, mode=0o755, exist_ok=True)
+    if not _real_path(top, os.path.dirname(below)):
+        return {"error": "%s is not a real directory of the service user's" % parent}
+    if os.path.lexists(dest):
+        return {"kept": True}
+    with os.fdopen(os.dup(fd), "rb") as fh:
+        members, total = check_pack(fh, rel, _bound(part, "bytes_raw", UNPACK_MAX_BYTES),
+                                    _bound(part, "files", UNPACK_MAX_FILES - 1) * 2 + 64)
+    vfs = os.statvfs(parent)
+    free = vfs.f_bavail * vfs.f_frsize
+    if total + FREE_MARGIN > free:
+        return {"error": "%d bytes to unpack, %d free under %s" % (total, free, parent)}
     stage = os.path.join(parent, ".vigil-seed-%s" % os.urandom(8).hex())
     os.mkdir(stage, 0o700)
     try:
-        with tarfile.open(upload, "r:gz") as tar:
-            members = tar.getmembers()
-            bad = next((w for w in (_member_ok(m, rel) for m in members) if w), None)
-            if bad is not None:
-                return "the packed cache holds %s" % bad, rel
+        os.lseek(fd, 0, os.SEEK_SET)
+        with os.fdopen(os.dup(fd), "rb") as fh, tarfile.open(fileobj=fh, mode="r:gz") as tar:
             for m in members:
                 out = os.path.join(stage, m.name)
                 if m.isdir():
@@ -277,34 +422,80 @@ def _seed_one(part: Json, req: Json, uid: int, gid: int) -> Tuple[str, str]:
                 os.makedirs(os.path.dirname(out), mode=0o755, exist_ok=True)
                 data = tar.extractfile(m)
                 assert data is not None
-                fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW,
-                             m.mode & 0o755 | 0o600)
-                with os.fdopen(fd, "wb") as fh:
-                    shutil.copyfileobj(data, fh)
-                os.utime(out, (m.mtime, m.mtime))  # older than the start: it reads as warm
-        for base, dirs, names in os.walk(stage):
-            for name in dirs + names:
-                os.lchown(os.path.join(base, name), uid, gid)
+                wfd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW,
+                              m.mode & 0o755 | 0o600)
+                with os.fdopen(wfd, "wb") as w:
+                    shutil.copyfileobj(data, w)
+                    w.flush()
+                    os.utime(wfd, (m.mtime, m.mtime))  # older than the start: warm
+        if os.path.lexists(dest):
+            return {"kept": True}
         os.rename(os.path.join(stage, rel), dest)
-        return "seeded", rel
+        return {"seeded": True}
     finally:
         shutil.rmtree(stage, ignore_errors=True)
+
+
+def _seed_one(part: Json, req: Json, uid: int, gid: int) -> Tuple[str, str]:
+    """("seeded" | "kept" | a warning, the entry)."""
+    rel = str(part["entry"])
+    if not _entry_ok(rel):
+        return "not a cache entry: %r" % rel, rel
+    upload = _blob_path(str(part["blob"]))
+    try:
+        fd = os.open(upload, os.O_RDONLY | O_NOFOLLOW)
+    except FileNotFoundError:
+        return "the upload %s is missing" % upload, rel
+    try:
+        digest = _sha256_fd(fd)
+        if digest != part["sha256"]:
+            return "%s: the upload's sha256 is %s, not %s" % (
+                rel, digest[:16], str(part["sha256"])[:16]), rel
+        top = _top(rel, req)[0]
+        why = _own_top(top, uid, gid)
+        if why is not None:
+            return why, rel
+        done = as_user(uid, gid, lambda: _unpack(fd, rel, req, part))
+    finally:
+        os.close(fd)
         _unlink(upload)
+    if "error" in done:
+        return "%s: %s" % (rel, done["error"]), rel
+    return ("seeded" if done.get("seeded") else "kept"), rel
+
+
+def _own_top(top: str, uid: int, gid: int) -> Optional[str]:
+    """The directory an entry goes under (the cache root, /tmp/torchinductor_<user>): made
+    by root for the service user when missing, as vLLM or torch would have made it; one
+    that is a link, or that another user made first (in /tmp), is not used."""
+    if not os.path.lexists(top):
+        os.makedirs(os.path.dirname(top), mode=0o755, exist_ok=True)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(top, 0o755)
+            os.lchown(top, uid, gid)
+    st = os.lstat(top)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+        return "%s is not a directory of the service user's" % top
+    return None
 
 
 def seed(action: Json, paths: Dict[str, str]) -> Json:
-    """Seed a cache, entry by entry: check each upload's sha256, unpack it into a staging
-    directory beside its place, own it by the service user, rename it into place where
-    the host lacks the entry. A mismatch or a bad member seeds that entry not and says
-    so; the start then compiles it as it would have (ok: a seed never fails a deploy)."""
+    """Seed a cache, entry by entry: check each upload's sha256 (as root, in root's
+    SEED_DIR), then unpack it as the service user into a staging directory beside its
+    place, bounded by its pack's listing and the free space, and rename it into place
+    where the host lacks the entry. Any fault of one entry (a mismatch, not a tar.gz, a
+    bad member, too big) seeds that entry not and says so; the start then compiles it as
+    it would have (ok: a seed never fails a deploy)."""
     parts = [p for p in action["blobs"] if isinstance(p, dict)]
-    _check_entries([str(p["entry"]) for p in parts])
     uid, gid = _owner(str(action["user"]))
     seeded: List[str] = []
     kept: List[str] = []
     warnings: List[str] = []
     for part in parts:
-        how, rel = _seed_one(part, action, uid, gid)
+        try:
+            how, rel = _seed_one(part, action, uid, gid)
+        except (OSError, ValueError, KeyError) as exc:
+            how, rel = "%s: %s" % (part.get("entry"), exc), str(part.get("entry"))
         if how == "seeded":
             seeded.append(rel)
         elif how == "kept":
@@ -318,13 +509,21 @@ def seed(action: Json, paths: Dict[str, str]) -> Json:
 
 
 def cache_drop(req: Json) -> Json:
-    """Remove entries (a quarantined seed), so the next start compiles them anew."""
+    """Remove entries (a quarantined seed), so the next start compiles them anew: as the
+    service user, through real directories only."""
     rels = [str(e) for e in req["entries"]]
     _check_entries(rels)
-    dropped: List[str] = []
-    for rel in rels:
-        path = _where(rel, req)
-        if _real_dir(path):
-            shutil.rmtree(path)
-            dropped.append(rel)
-    return {"dropped": dropped}
+    uid, gid = _owner(str(req["user"]))
+
+    def work() -> Json:
+        dropped: List[str] = []
+        for rel in rels:
+            if _is_entry(rel, req):
+                shutil.rmtree(_where(rel, req))
+                dropped.append(rel)
+        return {"dropped": dropped}
+
+    out = as_user(uid, gid, work)
+    if "error" in out:
+        raise OSError(out["error"])
+    return out
