@@ -156,7 +156,9 @@ def plan_seed(m: Manifest | None, present: Sequence[str], *, root: str, tmp: str
                   "lacks (--no-seed compiles here instead)",
                   {"root": root, "tmp_root": tmp, "user": user, "key": m.key,
                    "source": m.source,
-                   "blobs": [{"entry": p.entry, "blob": p.blob, "sha256": p.sha256}
+                   # the harvest's files and bytes bound what the host unpacks
+                   "blobs": [{"entry": p.entry, "blob": p.blob, "sha256": p.sha256,
+                              "files": p.files, "bytes_raw": p.bytes_raw}
                              for p in missing]})
 
 
@@ -288,7 +290,9 @@ Say = Callable[[str], None]
 
 
 def _roots(t: Target) -> dict[str, str]:
-    return {"root": t.rendered.paths.cache, "tmp_root": tmp_root(t)}
+    """A cache request's roots, and the user the agent reads and writes them as."""
+    return {"root": t.rendered.paths.cache, "tmp_root": tmp_root(t),
+            "user": t.vars.service_user}
 
 
 def listing(transport: Transport, t: Target) -> list[dict[str, Any]]:
