@@ -356,9 +356,17 @@ FROM_FILE_NAME = {(config.ModelProfile, "name"), (stacks.Stack, "name"),
                   (group_spec.NodeGroupSpec, "name")}
 
 
+# Defaults the inventory's loader gives, not the model (vigil.desired.inventory.resolve).
+FROM_LOADER = {(config.HostVars, "address"): "default: the host's inventory name "
+               "(ssh config's `HostName` for it applies); `127.0.0.1` only with "
+               "`connection: local`"}
+
+
 def default_of(info: FieldInfo, where: tuple[type[BaseModel], str] | None = None) -> str:
     if where in FROM_FILE_NAME:
         return "default: the file's name"
+    if where in FROM_LOADER:
+        return FROM_LOADER[where]
     if info.is_required():
         return "**required**"
     return "default " + code(flow(info.get_default(call_default_factory=True)))

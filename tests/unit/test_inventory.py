@@ -240,7 +240,7 @@ def test_an_ansible_inventory_is_read_as_it_is(tmp_path: Path, hosts_name: str,
     assert inv.groups["ungrouped"] == ["bastion"]
     h100 = inv.host_vars("h100-03")
     assert (h100.ssh_user, h100.ssh_port, h100.model, h100.address) == (
-        "ubuntu", 2222, "glm-5", "127.0.0.1")
+        "ubuntu", 2222, "glm-5", "h100-03")  # no ansible_host: its name (issue 29.1)
     bw = inv.host_vars("bw-01")
     assert (bw.address, bw.sudo, bw.ssh_user, bw.ssh_port) == ("bw.example", True, "root", 22)
     assert inv.host_vars("bastion").address == "10.0.0.1"
@@ -651,3 +651,70 @@ def test_the_watched_phases_of_the_inventory_are_the_catalogs() -> None:
     from vigil.verify.budgets import WATCHED_PHASES
 
     assert DESIRED == WATCHED_PHASES
+
+
+# -- issue 29.1: a host with no address is reached at its name, never the controller ----
+
+
+def test_a_host_without_an_address_is_reached_at_its_inventory_name(tmp_path: Path) -> None:
+    """gpu-[01:04] with no ansible_host is gpu-02 to ssh (its ssh config block applies),
+    as ssh and Ansible reach it; never 127.0.0.1, and render says where it came from."""
+    from vigil.desired import review
+
+    root = _ansible(tmp_path, "hosts.ini", "[gpu]\ngpu-[01:04] model=glm-5\n"
+                    "[here]\nlocalhost ansible_connection=local model=glm-5\n")
+    inv = inventory.load(root)
+    assert [inv.host_vars(h).address for h in inv.groups["gpu"]] == [
+        "gpu-01", "gpu-02", "gpu-03", "gpu-04"]
+    assert inv.resolve("gpu-02").origin["address"] == inventory.ADDRESS_NAME
+    here = inv.resolve("localhost")  # loopback only when asked for
+    assert (here.vars.address, here.origin["address"]) == ("127.0.0.1",
+                                                           inventory.ADDRESS_LOCAL)
+    (t,) = resolve(inv, "gpu-02", operator_env=ENV)
+    (line,) = [x for x in review.variables(t) if x.startswith("address ")]
+    assert '"gpu-02"' in line and "inventory name" in line and "vigil default" not in line
+    assert "127.0.0.1" not in line
+
+
+def test_an_explicit_address_wins_over_the_inventory_name(tmp_path: Path) -> None:
+    root = _ansible(tmp_path, "hosts.ini", "[gpu]\ngpu-01 ansible_host=10.1.2.3\n"
+                    "gpu-02 address=127.0.0.1\n")
+    inv = inventory.load(root)
+    assert inv.host_vars("gpu-01").address == "10.1.2.3"
+    assert inv.resolve("gpu-01").origin["address"] == "hosts.ini: host gpu-01"
+    assert inv.host_vars("gpu-02").address == "127.0.0.1"  # asked for: kept
+
+
+def test_ssh_config_hostname_applies_to_a_host_reached_at_its_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vigil.transport.ssh import SSHTransport
+
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "config").write_text("Host gpu-02\n  HostName 10.9.8.7\n"
+                                          "  User ops\n  Port 40022\n")
+    monkeypatch.setenv("HOME", str(home))
+    root = _ansible(tmp_path, "hosts.ini", "[gpu]\ngpu-[01:02]\n")
+    t = SSHTransport("gpu-02", inventory.load(root).host_vars("gpu-02"))
+    assert (t.conn.host, t.login_user, t.login_port) == ("10.9.8.7", "ops", 40022)
+    assert SSHTransport("gpu-01", inventory.load(root).host_vars("gpu-01")).conn.host \
+        == "gpu-01"
+
+
+@pytest.mark.parametrize("pattern", ["all", "*", "here", "local*", "all:!gpu-01"])
+def test_a_changing_task_reaches_the_controller_only_where_its_name_is_said(
+        tmp_path: Path, pattern: str) -> None:
+    root = _ansible(tmp_path, "hosts.ini", "[gpu]\ngpu-01\n"
+                    "[here]\nlocalhost ansible_connection=local\n")
+    inv = inventory.load(root)
+    with pytest.raises(ConfigError) as err:
+        inv.refuse_controller(pattern, "deploy")
+    text = str(err.value)
+    assert "localhost, which is this machine (connection: local, from hosts.ini: host " \
+        "localhost): deploy would change the controller" in text, text
+    assert "--hosts localhost" in text and f"--hosts '{pattern}:!localhost'" in text
+    inv.refuse_controller("localhost", "deploy")  # named: meant
+    inv.refuse_controller("gpu-01,localhost", "deploy")
+    inv.refuse_controller("all:!localhost", "deploy")
+    inv.refuse_controller("gpu", "deploy")
+

@@ -141,3 +141,15 @@ def test_a_task_that_changes_hosts_acts_on_none_unless_told_which(inv: Path,
     if task == "deploy":
         forks = invoke(inv, task, "--hosts", "here", "--forks", "0")
         assert forks.returncode == 2 and "0 hosts at once: at least 1" in forks.stderr
+
+
+@pytest.mark.parametrize("task", ["deploy", "rollback"])
+def test_hosts_all_never_changes_the_controller_unnamed(inv: Path, task: str) -> None:
+    """Issue 29.1: an Ansible inventory's `localhost ansible_connection=local` is this
+    machine; `--hosts all` refuses it aloud (exit 2) before any host is touched."""
+    (inv / "hosts.yml").write_text(HOSTS + "  gpu-01: {address: 192.0.2.1, model: glm-5,"
+                                   " connect_timeout_s: 1}\n")
+    proc = invoke(inv, task, "--hosts", "all", "--check" if task == "deploy" else "--no-wait")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "selects here, which is this machine (connection: local" in proc.stderr
+    assert "--hosts here" in proc.stderr and "192.0.2.1" not in proc.stdout + proc.stderr

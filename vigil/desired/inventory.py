@@ -70,6 +70,9 @@ _IGNORED = (".md", ".txt", ".rst", ".bak", ".orig", ".swp", ".retry", ".pyc", ".
 _KNOWN_DIRS = {"hosts.d", "group_vars", "host_vars", "models", "stacks", "node_groups"}
 _BOOLS = frozenset(k for k, f in HostVars.model_fields.items() if f.annotation is bool)
 _TERM = re.compile(r"(?:[^:\[\]]|\[[^\]]*\])+")
+# where an address no file gave came from, as render shows it
+ADDRESS_NAME = "the inventory name (ssh config's HostName applies)"
+ADDRESS_LOCAL = "connection: local (this machine)"
 CLOSE = 0.8  # a foreign key this close to a vigil key is a typo, not a playbook's variable
 
 
@@ -177,6 +180,26 @@ class Inventory:
                               "'g:&k' the hosts of both")
         return chosen
 
+    def refuse_controller(self, pattern: str, task: str,
+                          flags: dict[str, Any] | None = None) -> None:
+        """A task that changes hosts reaches this machine (``connection: local``) only
+        where ``--hosts`` names that host itself: ``all``, a group, a glob or a range that
+        happens to hold it (an Ansible inventory's ``localhost``) is refused aloud."""
+        named = {t for t in split_pattern(pattern) if t[0] not in "&!"}
+        for name in self.select(pattern):
+            if name in named:
+                continue
+            resolved = self.resolve(name, flags)
+            if resolved.vars.connection != "local":
+                continue
+            where = resolved.origin.get("connection", "")
+            raise ConfigError(
+                f"--hosts {pattern!r} selects {name}, which is this machine (connection: "
+                f"local, from {where}): {task} would change the controller",
+                file=self._hosts_path(), key=f"{name}.connection",
+                fix=f"to mean it, name the host: --hosts {name}; else leave it out: "
+                f"--hosts '{pattern}:!{name}' (or give it an address to reach over ssh)")
+
     def _match(self, item: str, pattern: str) -> list[str]:
         if item in ("all", "*"):
             return list(self.hosts)
@@ -270,6 +293,12 @@ class Inventory:
                 where = origin.get(f"{key}.{bad}", origin.get(key, ""))
                 raise ConfigError(phase_error(bad), file=files.get(where, where), key=key,
                                   fix="use one of: " + ", ".join(WATCHED_PHASES))
+        if "address" not in merged:
+            # ssh's and Ansible's rule: a host with no address is reached at its name (so
+            # ~/.ssh/config's HostName for it applies); loopback only when asked for
+            local = merged.get("connection") == "local"
+            merged["address"] = "127.0.0.1" if local else host
+            origin["address"] = ADDRESS_LOCAL if local else ADDRESS_NAME
         if not merged.get("known_hosts") and (
                 merged.get("host_key") == "accept-new" or (self.root / "known_hosts").is_file()):
             # trust on first use writes to the inventory's own file, never ~/.ssh; and a

@@ -106,9 +106,11 @@ def deploy(
             raise ConfigError(f"{forks} hosts at once: at least 1", key="--forks",
                               fix=f"e.g. --forks {deploy_mod.FORKS}")
         rollout.parse_serial(serial)  # a bad or empty --serial before anything is read
+        inv, pattern = load_inventory(c), hosts_given(hosts, "deploy")
+        inv.refuse_controller(pattern, "deploy")
         targets = targets_mod.resolve(
-            load_inventory(c), hosts_given(hosts, "deploy"), model=model, stack=stack,
-            sets=set_ or [], template_dir=template_dirs(c),
+            inv, pattern, model=model, stack=stack, sets=set_ or [],
+            template_dir=template_dirs(c),
         )
         out = text_stream(json)
         settings, hooks = watch_settings(c), Hooks.parse(before_stop, after_ready)
@@ -286,7 +288,9 @@ def rollback(c: Context, hosts: str | None = None, no_wait: bool = False) -> Non
                                    state_dir=state_dir, log=log)
             return None if out is None else service.ready_pid(name, out)
 
-        runs = service.on_hosts(load_inventory(c), hosts_given(hosts, "rollback"), one)
+        inv, pattern = load_inventory(c), hosts_given(hosts, "rollback")
+        inv.refuse_controller(pattern, "rollback")
+        runs = service.on_hosts(inv, pattern, one)
     for r in runs:
         if r.error is not None:
             log(r.host, f"{failed_word(r.error.exit_code)}: {r.error}")
