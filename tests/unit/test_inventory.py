@@ -718,3 +718,41 @@ def test_a_changing_task_reaches_the_controller_only_where_its_name_is_said(
     inv.refuse_controller("all:!localhost", "deploy")
     inv.refuse_controller("gpu", "deploy")
 
+
+# -- issue 29.5: a key set aside in group_vars/ or host_vars/ is said, with its file -----
+
+
+def test_a_foreign_key_in_host_vars_or_group_vars_is_a_warning_naming_the_file(
+        tmp_path: Path) -> None:
+    root = _ansible(tmp_path, "hosts.ini", "[gpu]\ngpu-01 model=glm-5\n")
+    (root / "host_vars").mkdir()
+    (root / "host_vars" / "gpu-01.yml").write_text("ntp_servers: [ntp1]\n")
+    (root / "group_vars" / "gpu.yml").write_text("nvidia_driver: 550\n"
+                                                 "ansible_python_interpreter: /usr/bin/py\n")
+    warnings = inventory.load(root).warnings
+    assert any("'ntp_servers'" in w and "host_vars/gpu-01.yml" in w for w in warnings), warnings
+    assert any("'nvidia_driver'" in w and "group_vars/gpu.yml" in w for w in warnings)
+    assert any("'ansible_python_interpreter'" in w and "group_vars/gpu.yml" in w
+               for w in warnings)
+
+
+def test_a_profile_field_set_on_a_host_says_where_it_belongs(tmp_path: Path) -> None:
+    """max_model_len in host_vars/ is a profile field: the unit would keep the profile's
+    8192; the warning says overrides: or --set, and the file."""
+    root = _ansible(tmp_path, "hosts.ini", "[gpu]\ngpu-01 model=glm-5\n")
+    (root / "host_vars").mkdir()
+    (root / "host_vars" / "gpu-01.yml").write_text("max_model_len: 4096\n")
+    (line,) = [w for w in inventory.load(root).warnings if "max_model_len" in w]
+    assert "host_vars/gpu-01.yml" in line and "model profile field" in line
+    assert "overrides: {max_model_len: ...}" in line and "--set max_model_len=" in line
+    assert "4096" not in line  # values are not echoed (one might be a secret)
+
+
+def test_a_profile_field_in_vigils_own_format_is_an_error_saying_where_it_belongs(
+        inv_dir: Path) -> None:
+    (inv_dir / "host_vars" / "llm-one.yml").write_text("tensor_parallel_size: 4\n")
+    with pytest.raises(ConfigError) as err:
+        inventory.load(inv_dir)
+    text = str(err.value)
+    assert "host_vars/llm-one.yml" in text and "'tensor_parallel_size'" in text
+    assert "overrides: {tensor_parallel_size: ...}" in text

@@ -690,17 +690,36 @@ def load(root: str | os.PathLike[str],
                 for name, layers in table.items()}
 
     group_inline, host_inline = clean(reader.group_inline), clean(reader.host_inline)
+    # every layer is cleaned before the warnings are written: a key set aside in
+    # group_vars/ or host_vars/ is said as loudly as one in the hosts file (issue 29.5)
+    group_vars, host_vars = clean(group_files), clean(host_files)
     hosts = {name: _merged(host_inline.get(name, [])) for name in reader.hosts}
     for key, places in ignored.items():
         shown = ", ".join(places[:3]) + (f" and {len(places) - 3} more" if len(places) > 3
                                          else "")
+        if key in PROFILE_FIELDS:
+            warnings.append(f"ignored {key!r} in {shown}: {profile_field(key)}")
+            continue
         why = "an Ansible variable vigil does not use" if key.startswith("ansible_") else \
             "not a vigil variable (one of your playbooks'?)"
         warnings.append(f"ignored {key!r}: {why}{ansible.did_you_mean(key, known, 0.7)}; "
                         f"in {shown}")
-    return Inventory(base, hosts, reader.groups, group_inline, clean(group_files),
-                     host_inline, clean(host_files), roles, sources[0], tuple(warnings),
+    return Inventory(base, hosts, reader.groups, group_inline, group_vars,
+                     host_inline, host_vars, roles, sources[0], tuple(warnings),
                      reader.ansible)
+
+
+# Fields of a model profile that are not host variables: set on a host, they say where
+# they belong instead of vanishing (the unit would keep the profile's value).
+# (name, description and path are too plain to be sure a playbook's variable is not meant)
+PROFILE_FIELDS = frozenset(set(ModelProfile.model_fields) - set(HostVars.model_fields)
+                           - {"name", "description", "path"})
+
+
+def profile_field(key: str) -> str:
+    return (f"a model profile field, not a host variable, so the profile's value stays; "
+            f"for this host set it under overrides: (overrides: {{{key}: ...}}), for one "
+            f"run use --set {key}=...")
 
 
 def _merged(layers: list[Layer]) -> dict[str, Any]:
@@ -742,6 +761,8 @@ def _normalize(layer: Layer, known: set[str], foreign_ok: bool,
                 ansible.close(name, set(ansible.ALIASES), CLOSE)
         else:
             hint = ansible.close(name, known, CLOSE if foreign_ok else 0.6)
+        if name in PROFILE_FIELDS:
+            hint = None
         if hint is None and (name.startswith("ansible_") or foreign_ok):
             ignored.setdefault(name, []).append(layer.where)
             del data[key]
@@ -749,7 +770,8 @@ def _normalize(layer: Layer, known: set[str], foreign_ok: bool,
         raise ConfigError(
             f"unknown key {name!r}" + (f" - did you mean {hint!r}?" if hint else ""),
             file=where,
-            fix="known keys: " + ", ".join(sorted(known)),
+            fix=profile_field(name) if name in PROFILE_FIELDS else
+            "known keys: " + ", ".join(sorted(known)),
         )
     return Layer(layer.where, data, layer.file, layer.place)
 
