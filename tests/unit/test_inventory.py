@@ -756,3 +756,23 @@ def test_a_profile_field_in_vigils_own_format_is_an_error_saying_where_it_belong
     text = str(err.value)
     assert "host_vars/llm-one.yml" in text and "'tensor_parallel_size'" in text
     assert "overrides: {tensor_parallel_size: ...}" in text
+
+
+# -- issue 29.8: a Jinja template in an inventory value is said, never used silently ----
+
+
+def test_a_templated_inventory_value_is_one_warning_naming_it(tmp_path: Path) -> None:
+    root = _ansible(tmp_path, "hosts.ini", "[gpu]\ngpu-[01:02] model=glm-5\n")
+    (root / "group_vars" / "gpu.yml").write_text(
+        'env: {NCCL_SOCKET_IFNAME: "{{ ansible_default_ipv4.interface }}", A: plain}\n'
+        'service: "{% if x %}vllm{% endif %}"\n'
+        'playbook_var: "{{ not_vigils }}"\n')  # set aside already: no second word
+    inv = inventory.load(root)
+    lines = [w for w in inv.warnings if "template" in w]
+    assert len(lines) == 2, inv.warnings
+    env, service = sorted(lines)
+    assert env.startswith("'env.NCCL_SOCKET_IFNAME' in group_vars/gpu.yml holds a template")
+    assert "vigil does not template inventory values" in env
+    assert "ansible_default_ipv4" not in env  # the value is not echoed
+    assert service.startswith("'service' in group_vars/gpu.yml")
+    assert not any("'env.A'" in w for w in inv.warnings)

@@ -704,9 +704,37 @@ def load(root: str | os.PathLike[str],
             "not a vigil variable (one of your playbooks'?)"
         warnings.append(f"ignored {key!r}: {why}{ansible.did_you_mean(key, known, 0.7)}; "
                         f"in {shown}")
+    templated: dict[str, list[str]] = {}
+    for table in (group_inline, group_vars, host_inline, host_vars):
+        for layer in (layer for layers in table.values() for layer in layers):
+            for key, value in layer.data.items():
+                for spot in _templates(value, str(key)):
+                    places = templated.setdefault(spot, [])
+                    if layer.where not in places:
+                        places.append(layer.where)
+    for spot, places in templated.items():
+        shown = ", ".join(places[:3]) + (f" and {len(places) - 3} more" if len(places) > 3
+                                         else "")
+        warnings.append(f"{spot!r} in {shown} holds a template ({{{{ }}}} or {{% %}}): vigil "
+                        "does not template inventory values, so it is used as written; "
+                        "write the value itself")
     return Inventory(base, hosts, reader.groups, group_inline, group_vars,
                      host_inline, host_vars, roles, sources[0], tuple(warnings),
                      reader.ansible)
+
+
+def _templates(value: object, path: str) -> Iterator[str]:
+    """The places of a value (``env.NCCL_SOCKET_IFNAME``, ``extra[0]``) holding Jinja's
+    ``{{`` or ``{%``: Ansible would template them, vigil takes them literally."""
+    if isinstance(value, str):
+        if "{{" in value or "{%" in value:
+            yield path
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _templates(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _templates(v, f"{path}[{i}]")
 
 
 # Fields of a model profile that are not host variables: set on a host, they say where
