@@ -266,12 +266,6 @@ FATALS = [
     ("cache_dir_not_writable", "ERROR:    PermissionError: [Errno 13] Permission denied: "
      "'/app/aphrodite-engine/.triton'"),
     ("cache_dir_not_writable", "PermissionError: [Errno 13] Permission denied: '/.cache'"),
-    # A KV budget of nothing, logged at INFO right before vLLM raises (vllm-omni#469,
-    # QAnything#302)
-    ("kv_cache_too_small", "(EngineCore_DP0 pid=563) INFO 12-23 23:34:23 [gpu_worker.py:298] "
-     "Available KV cache memory: -2.77 GiB"),
-    ("kv_cache_too_small", "INFO 04-27 10:13:05 llm_engine.py:275] # GPU blocks: 0, # CPU "
-     "blocks: 256"),
     # The seventh harvest (HARVEST7.tsv): a loader refusal cut after the path
     # (Qwen3-ASR#15), vLLM's FA build check (vLLM-2080Ti#17), vLLM's get_config advice
     # relayed by litellm (#4600), a traceback through resolve_trust_remote_code (#6121)
@@ -916,3 +910,16 @@ def test_each_phase_is_reached_from_several_kinds_of_evidence(phase: str) -> Non
     assert len({kind for kind, _ in evidence}) >= 2, phase
     for kind, line in evidence:
         assert catalog.classify(line).reached == phase, (kind, line)
+
+
+# A KV budget of nothing, logged at INFO right before vLLM raises (vllm-omni#469,
+# QAnything#302): the INFO line names the cause, the raise (or the traceback, or the exit)
+# ends the start (issue 28.1).
+@pytest.mark.parametrize("line", [
+    "(EngineCore_DP0 pid=563) INFO 12-23 23:34:23 [gpu_worker.py:298] "
+    "Available KV cache memory: -2.77 GiB",
+    "INFO 04-27 10:13:05 llm_engine.py:275] # GPU blocks: 0, # CPU blocks: 256",
+])
+def test_a_line_below_error_annotates_a_cause_but_is_never_fatal(line: str) -> None:
+    m = catalog.classify(line)
+    assert (m.kind, m.cause, m.role) == ("other", "kv_cache_too_small", "hint")

@@ -135,9 +135,12 @@ def test_a_child_process_traceback_is_a_chain_link_not_a_stop(tmp_path: Path) ->
     p.write_text(head + frame + "KeyboardInterrupt\n")
     assert replay.replay_file(p)["verdict"] == "stopped"
     # the header with no traceback after it (a name in a message) proves nothing
-    p.write_text("Process EngineCore_0:\n" + "INFO 11-05 04:16:48 a.py:1] x\n" * 3
-                 + "Traceback (most recent call last):\n")
+    p.write_text("Process EngineCore_0:\n" + "INFO 11-05 04:16:48 a.py:1] x\n" * 4)
     assert replay.replay_file(p)["verdict"] is None
+    # an uncaught traceback printed at the top is the process on its way out (issue 28.1)
+    p.write_text("INFO 11-05 04:16:48 a.py:1] x\n" * 3 + "Traceback (most recent call last):\n")
+    assert (replay.replay_file(p)["verdict"], replay.replay_file(p)["cause"]) == (
+        "crashed", "unknown")
 
 
 def test_an_nccl_warn_names_an_unknown_crash_but_never_makes_one(tmp_path: Path) -> None:

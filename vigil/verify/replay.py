@@ -30,6 +30,7 @@ from vigil.exitcodes import ExitCode
 from vigil.verify import reducer
 from vigil.verify.attempts import run as run_attempts
 from vigil.verify.budgets import Budgets
+from vigil.verify.catalog import normalise, strip_ansi
 from vigil.verify.reducer import Verdict
 from vigil.verify.snapshot import Journal, LogLine, Snapshot
 
@@ -49,6 +50,12 @@ _ISO = re.compile(
 # journalctl short in another locale ("6月 10 16:45:05 host bash[1]: "): the prefix goes,
 # the time stays unknown (a month name we cannot read).
 _SHORT_LOCALE = re.compile(r"^\S{1,8} +\d{1,2} \d\d:\d\d:\d\d(?:\.\d+)? \S+ [^\s:]+\[\d+\]: ?")
+# docker logs --timestamps ("2025-05-15T03:31:20.123456789Z "), a compose or log
+# viewer's gutter ("2025-05-30 18:28:27.890 | ")
+_STAMPED = re.compile(
+    r"^(?P<y>\d{4})-(?P<mo>\d\d)-(?P<day>\d\d)(?:T(?P<h>\d\d):(?P<m>\d\d):(?P<s>\d\d)"
+    r"(?:[.,](?P<frac>\d{1,9}))?(?:Z|[+-]\d\d:?\d\d)\s"
+    r"| (?P<h2>\d\d):(?P<m2>\d\d):(?P<s2>\d\d)(?:[.,](?P<frac2>\d{1,9}))?Z? \|)")
 # vLLM's own stamp (no year): "INFO 11-29 10:01:02"
 _VLLM = re.compile(
     r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<mo>\d\d)-(?P<day>\d\d) "
@@ -114,6 +121,9 @@ def split_log_line(raw: str, *, year: int | None = None,
     takes it from ``years`` (one per log, see Years), else ``year``, else this year's
     rule."""
     yearless = years or Years(year=year)
+    # Colour first: vLLM colours its prefix and level on a terminal (through `script`,
+    # tmux or `docker logs -t` that reaches files), which hides the stamps below.
+    raw = strip_ansi(raw)
     m = _ISO.match(raw)
     if m:
         t = _epoch(int(m["y"]), int(m["mo"]), int(m["day"]), int(m["h"]), int(m["m"]),
@@ -128,6 +138,13 @@ def split_log_line(raw: str, *, year: int | None = None,
         loc = _SHORT_LOCALE.match(raw)
         if loc:
             raw = raw[loc.end():]
+    d = _STAMPED.match(raw)
+    if d:  # docker --timestamps, a compose/viewer gutter: the shipper's clock, with a year
+        h, mi, sec, frac = ((d["h"], d["m"], d["s"], d["frac"]) if d["h"] is not None
+                            else (d["h2"], d["m2"], d["s2"], d["frac2"]))
+        t = _epoch(int(d["y"]), int(d["mo"]), int(d["day"]), int(h), int(mi), int(sec), frac)
+        return (t if t >= 0 else None), normalise(raw)
+    raw = normalise(raw)
     v = _VLLM.search(raw)
     if v:
         t = yearless.epoch(int(v["mo"]), int(v["day"]), int(v["h"]), int(v["m"]),

@@ -38,6 +38,7 @@ from vigil.verify.catalog.classify import (
 )
 from vigil.verify.catalog.lines import (
     Line,
+    normalise,
     parse_line,
     strip_ansi,
 )
@@ -91,6 +92,7 @@ __all__ = [
     "classify",
     "is_specific",
     "is_traceback_link",
+    "normalise",
     "parse_line",
     "phase_index",
     "remedy_for",

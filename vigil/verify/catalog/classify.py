@@ -181,7 +181,8 @@ def is_traceback_link(text: str) -> bool:
     """A chain link proven by a traceback's shape (a dying child's header, a frame), which
     a KeyboardInterrupt closing that traceback turns into the stop's."""
     msg = parse_line(text).message
-    return CHILD_DIED.match(msg) is not None or _FRAME_ANY.match(msg) is not None
+    return CHILD_DIED.match(msg) is not None or _FRAME_ANY.match(msg) is not None or \
+        msg == "Traceback (most recent call last):"
 
 # torch's CUDA graph capture (torch.cuda.graph's context, CUDAGraph.capture_begin/end):
 # only vLLM's graph capture runs it at startup, so its frames prove the capture phase
@@ -224,8 +225,25 @@ def _wait_match(waits: tuple[Wait, ...], line: Line, reached: str | None) -> Mat
             return Match("noise", line, values=_floats(wm.groupdict()), reached=at, wait=wait.id)
     return None
 
+_ADVISORY = frozenset({"DEBUG", "INFO", "WARNING", "WARN"})
+
+
 def classify(text: str) -> Match:
-    """Classify one raw log line (ANSI codes, vLLM prefix and paste wrappers allowed)."""
+    """Classify one raw log line (ANSI codes, vLLM prefix and paste wrappers allowed).
+
+    A line vLLM logged below ERROR never ends a start: vLLM raises what is fatal and
+    survives what it logs at DEBUG/INFO/WARNING (an optional communicator "not supported
+    on capability 12.0", a placement-group shortfall it waits out). Such a line's cause may
+    annotate a verdict (a hint), never decide it; death needs an ERROR, a traceback or the
+    process's exit."""
+    m = _classify(text)
+    if m.kind == "fatal" and m.line.level in _ADVISORY:
+        return Match("other", m.line, cause=m.cause, remedy=m.remedy, values=m.values,
+                     reached=m.reached, role="hint")
+    return m
+
+
+def _classify(text: str) -> Match:
     line = parse_line(text)
     msg = line.message
     if not msg:

@@ -22,7 +22,25 @@ _WRAPPERS = re.compile(
     r"^(?:\s*<[^>]{1,80}>)+|^\s*\|\s"
     r"|^\s*\[\d{4}-\d\d-\d\d[T ][\d:.]{1,20}Z?\](?: \[[^\]\s]{1,40}\]:)?\s?"
     r"|^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| [A-Z]{4,8} \| std(?:err|out) \| ?"
-    r"|^[\w.-]{1,60}\s+\|\s|^\[rank\d+\]:\s?|^\s*[│┃]\s?")
+    r"|^[\w.-]{1,60}\s+\|\s|^\[rank\d+\]:\s?|^\s*[│┃]\s?"
+    # docker logs --timestamps (RFC 3339, nanoseconds), a log viewer's or compose's stamp
+    # gutter ("2025-05-30 18:28:27.890 | "), kubectl logs --prefix ("[pod/x/c] ")
+    r"|^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[.,]\d{1,9})?(?:Z|[+-]\d\d:?\d\d)\s"
+    r"|^\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d{1,9})?Z? \| ?"
+    r"|^\[pod/[^\]\s]{1,200}\] ")
+
+# One vLLM process prefix: `(APIServer pid=1)`, `(EngineCore_DP0 pid=7)`, `(Worker_TP3
+# pid=9)`, ≤0.10's `(VllmWorker TP0 pid=9)`, Ray's `(RayWorkerWrapper pid=12, ip=10.0.0.1)`,
+# a harness's `(vllm-test, pid=2150)`; each may sit in colour codes whose ESC a page lost
+# ("36m(EngineCore_DP0 pid=820)0m", gpustack#4194). Wrappers stack them (a Ray actor
+# relaying its child, a launcher relaying vLLM): the innermost is the process that wrote.
+_ONE_PREFIX = re.compile(
+    r"^\s*(?:\[?\d{1,2}(?:;\d{1,2})*m)?"
+    r"\((?P<name>[A-Za-z][\w\-]*(?:,? [A-Za-z][\w\-]*)?)(?: rank=\d+)?,? pid=(?P<pid>\d+)"
+    r"(?P<ip>, ip=[^)\s]{1,60})?\)(?:\[?\d{1,2}(?:;\d{1,2})*m)?\s*")
+
+# Ray's log deduplication: "… [repeated 7x across cluster]" (ray/_private/ray_logging).
+_RAY_REPEATED = re.compile(r"\s*\[repeated \d+x across cluster\]")
 
 _TAGS = re.compile(r"</?(?:font|b|i|span)[^>]{0,80}>")
 
@@ -72,7 +90,29 @@ def _unwrap(text: str) -> str:
     stripped = text.rstrip()
     return stripped[:-1].rstrip() if stripped.endswith(("│", "┃")) else text
 
-def parse_line(text: str) -> Line:
+def _prefixes(text: str) -> str:
+    """Stacked process prefixes down to the innermost, written as vLLM writes one."""
+    last: tuple[str, str, str] | None = None
+    for _ in range(4):
+        m = _ONE_PREFIX.match(text)
+        if m is None:
+            break
+        last = (m.group("name").replace(",", "").replace(" ", "_"), m.group("pid"),
+                m.group("ip") or "")
+        text = text[m.end():]
+    if last is None:
+        return text
+    return f"({last[0]} pid={last[1]}{last[2]}) {text}"
+
+
+def normalise(text: str) -> str:
+    """The one line normaliser every reader uses (live journal, replayed file, trace):
+    ANSI SGR (real or caret), `\\r` redraws (the last counts) and caret `^M`, paste and
+    log-shipper wrappers (journald relays, docker --timestamps, compose and CI gutters,
+    kubectl prefixes, `[rankN]:`, HTML tags, viewer borders), stacked process prefixes
+    (the innermost kept) and Ray's `[repeated Nx across cluster]`. What is left is the
+    line as vLLM wrote it: `(PROC pid=N) LEVEL MM-DD HH:MM:SS [file.py:N] message`.
+    Idempotent: normalise(normalise(x)) == normalise(x)."""
     # tqdm redraws with \r: the last redraw is the state that counts.
     clean = strip_ansi(text).rstrip("\r\n")
     if clean.endswith("^M"):  # a CR in caret notation, as a terminal copy leaves it
@@ -80,7 +120,18 @@ def parse_line(text: str) -> Line:
     if "\r" in clean:
         parts = [p for p in clean.split("\r") if p.strip()]
         clean = parts[-1] if parts else ""
-    clean = _unwrap(clean)
+    for _ in range(3):
+        before = clean
+        clean = _prefixes(_unwrap(clean))
+        if clean == before:
+            break
+    if "repeated" in clean:
+        clean = _RAY_REPEATED.sub("", clean)
+    return clean
+
+
+def parse_line(text: str) -> Line:
+    clean = normalise(text)
     m = _PREFIX.match(clean)
     if m is None:  # pragma: no cover - the pattern matches any string
         return Line(None, None, None, None, None, clean.strip())

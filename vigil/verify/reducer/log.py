@@ -94,20 +94,30 @@ def _child_traceback(prev: tuple[str, int] | None, m: catalog.Match) -> str | No
     return prev[0] if prev is not None and m.line.message == _TRACEBACK else None
 
 
+def _uncaught(m: catalog.Match) -> bool:
+    """A traceback's header outside any logger: Python printing an uncaught exception
+    (a logger's traceback is `_logged_exception`'s, tied to its message)."""
+    msg = m.line.message
+    return m.line.level is None and (msg == "Traceback (most recent call last):" or (
+        msg.startswith('File "') and catalog.is_traceback_link(msg)))
+
+
 def _fold_lines(st: WatchState, snap: Snapshot, now: float) -> tuple[_Fold, WatchState]:
     f = _Fold(spans=list(st.spans), fatal=list(st.fatal), shards=st.shards, st=st)
     for entry in snap.journal.lines:
         t = min(entry.us / 1e6, now) if entry.us > 0 else now
-        if f.st.exit_line_at is None and _SYSTEMD_EXIT.search(entry.text) and (
+        # one normaliser for every reader: proofs and matches see the line vLLM wrote
+        text = catalog.normalise(entry.text)
+        if f.st.exit_line_at is None and _SYSTEMD_EXIT.search(text) and (
                 f.st.started_at is None or t >= f.st.started_at):
             f.st = replace(f.st, exit_line_at=now)
-        m = catalog.classify(entry.text)
+        m = catalog.classify(text)
         if m.kind == "noise":
             f.noise += 1
             if m.wait is not None and not (f.st.started_at is not None
                                            and t < f.st.started_at):
                 # a wait line is this start's own (a stop after it is this start's stop)
-                f.st = replace(_waited(f.st, m, entry.text, t), begun=True)
+                f.st = replace(_waited(f.st, m, text, t), begun=True)
                 if m.reached is not None and f.st.verdict != Verdict.READY:
                     f.phase_changed |= _advance(f.spans, m.reached, t)
             continue
@@ -116,8 +126,8 @@ def _fold_lines(st: WatchState, snap: Snapshot, now: float) -> tuple[_Fold, Watc
         f.new_lines += 1
         logged = _logged_exception(f.st.error_line, m)
         died = _child_traceback(f.st.child_died, m)
-        f.st = replace(f.st, last_line=m.line.message, error_line=_error_line(m, entry.text),
-                       child_died=_child_header(f.st.child_died, m, entry.text))
+        f.st = replace(f.st, last_line=m.line.message, error_line=_error_line(m, text),
+                       child_died=_child_header(f.st.child_died, m, text))
         if died is not None and len(f.fatal) < MAX_FATAL and not (
                 f.st.started_at is not None and t < f.st.started_at):
             f.fatal.append(Fatal("unknown", died[:2000], catalog.remedy_for("unknown"),
@@ -138,6 +148,15 @@ def _fold_lines(st: WatchState, snap: Snapshot, now: float) -> tuple[_Fold, Watc
                 f.st.started_at is not None and t < f.st.started_at):
             f.fatal.append(Fatal("unknown", logged[:2000], catalog.remedy_for("unknown"),
                                  "chain", t, after_stop=f.st.stop_asked))
+        if died is None and logged is None and _uncaught(m) and not f.st.startup_complete \
+                and not (f.fatal and f.fatal[-1].rank == "chain") and f.st.serving_at is None \
+                and len(f.fatal) < MAX_FATAL and not (
+                    f.st.started_at is not None and t < f.st.started_at):
+            # Python prints an uncaught exception's traceback at the top, outside the
+            # logger: the process is on its way out. Evidence of death, the weakest: the
+            # root error below it (or a hint before it) names the cause.
+            f.fatal.append(Fatal("unknown", text.strip()[:2000], catalog.remedy_for("unknown"),
+                                 "chain", t, after_stop=f.st.stop_asked))
         if m.reached is not None and f.st.verdict != Verdict.READY:
             f.phase_changed |= _advance(f.spans, m.reached, t)
         if m.kind in ("fatal", "serving", "marker") or m.reached is not None:
@@ -155,7 +174,7 @@ def _fold_lines(st: WatchState, snap: Snapshot, now: float) -> tuple[_Fold, Watc
         if m.role == "hint" and m.cause is not None and not before_start \
                 and len(f.st.hints) < MAX_HINTS:
             f.st = replace(f.st, hints=(*f.st.hints, Fatal(
-                m.cause, entry.text.strip()[:2000], m.remedy or "", "hint", t,
+                m.cause, text.strip()[:2000], m.remedy or "", "hint", t,
                 after_stop=f.st.stop_asked)))
         if m.marker == "offline_batch":
             idle = t if m.values.get("done", 0) >= m.values.get("total", 1) else None
@@ -166,11 +185,11 @@ def _fold_lines(st: WatchState, snap: Snapshot, now: float) -> tuple[_Fold, Watc
             # the interpreter, and V1's engine monitor logs it as "died unexpectedly"
             # (vLLM 0.10 → 0.17; #36270 and #41507 silence it). The harness's stop.
             f.st = replace(f.st, stop_at=f.st.stop_at if f.st.stop_at is not None else t,
-                           stop_line=f.st.stop_line or entry.text.strip()[:200])
+                           stop_line=f.st.stop_line or text.strip()[:200])
         if m.kind == "fatal" and m.cause is not None:
             rank = "exception" if (m.role == "root" and m.cause == "unknown") else (
                 m.role or "chain")
-            item = Fatal(m.cause, entry.text.strip()[:2000], m.remedy or "", rank, t,
+            item = Fatal(m.cause, text.strip()[:2000], m.remedy or "", rank, t,
                          after_stop=f.st.stop_asked or (
                              f.st.stop_at is not None and m.cause in _TEARDOWN_CAUSES))
             # Bounded (a log of a million errors): past MAX_FATAL only a better rank joins.
@@ -188,7 +207,7 @@ def _fold_lines(st: WatchState, snap: Snapshot, now: float) -> tuple[_Fold, Watc
             # this start's.
             this_run = f.st.begun and not before_start
             if f.st.stop_at is None and this_run:
-                f.st = replace(f.st, stop_at=t, stop_line=entry.text.strip()[:200])
+                f.st = replace(f.st, stop_at=t, stop_line=text.strip()[:200])
             if this_run and m.stop == "trigger" and not f.st.stop_asked:
                 f.st = replace(f.st, stop_asked=True)
             continue

@@ -396,14 +396,15 @@ def _refine_cause(state: WatchState, snap: Snapshot) -> WatchState:
     fatal = list(state.fatal)
     hints = list(state.hints)
     for entry in snap.journal.lines:
-        m = catalog.classify(entry.text)
+        text = catalog.normalise(entry.text)
+        m = catalog.classify(text)
         if m.role == "hint" and m.cause is not None and len(hints) < MAX_HINTS:
-            hints.append(Fatal(m.cause, entry.text.strip()[:2000], m.remedy or "", "hint",
+            hints.append(Fatal(m.cause, text.strip()[:2000], m.remedy or "", "hint",
                                snap.time))
         if m.kind == "fatal" and m.cause is not None:
             rank = "exception" if (m.role == "root" and m.cause == "unknown") else (
                 m.role or "chain")
-            fatal.append(Fatal(m.cause, entry.text.strip(), m.remedy or "", rank,
+            fatal.append(Fatal(m.cause, text.strip(), m.remedy or "", rank,
                                snap.time))
     best = _best_fatal(tuple(fatal))
     st = replace(state, fatal=tuple(fatal), hints=tuple(hints))
