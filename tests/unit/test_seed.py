@@ -20,12 +20,17 @@ from typing import Any
 import pytest
 
 from tests.agent_payload import agent
+from tests.doubles import agent_verb
 from tests.paths import REPO
+from vigil.deploy import apply as apply_mod
 from vigil.deploy import seed
+from vigil.deploy.plan import Action, ActionKind, Plan
 from vigil.desired import inventory
 from vigil.desired.targets import Target, resolve
+from vigil.errors import ConfigError, HostError
 from vigil.report import HostResult, HostStatus, Log
 from vigil.tasks import deploy as deploy_task
+from vigil.transport.base import Result
 from vigil.transport.local import LocalTransport
 from vigil.verify import reducer
 from vigil.verify.compile_cache import CompileCache
@@ -532,3 +537,125 @@ def test_a_decompression_bomb_is_refused_from_its_listing_before_a_byte_is_writt
     res = _seed_as_nobody(world, [_blob(world / "seed", big)])
     assert "free under" in str(res["warning"])
     assert not list((world / "b" / "cache" / "torch_compile_cache").iterdir())
+
+
+# -- who may seed whom (issue 33.2, 33.11) ------------------------------------------------
+
+
+def test_a_kept_cache_runs_only_where_its_source_is_trusted() -> None:
+    listed = seed.Trust({"h2": frozenset({"h1"}), "h1": frozenset({"h1"}),
+                         "h3": frozenset()}, canary="h2")
+    assert listed.refuses("h2", _manifest(source="h1", trust="listed")) is None
+    why = listed.refuses("h2", _manifest(source="hostile", trust="listed"))
+    assert why == "hostile is not a seed source of h2 (cache_seed_from: h1)"
+    assert "cache_seed_from: none" in str(listed.refuses("h3", _manifest(source="h1")))
+    # a host's own start is kept for others only when its own list names it
+    assert listed.keeps("h1") == "listed" and listed.keeps("h2") is None  # canary or not
+    assert listed.keeps("h3") is None
+    canary = seed.Trust({"h1": None, "h2": None}, canary="h1")
+    assert canary.keeps("h1") == "canary" and canary.keeps("h2") is None
+    assert "not this rollout's canary (h1)" in canary.why_not_kept("h2")
+    assert canary.refuses("h2", _manifest(source="h1", trust="canary")) is None
+    # a cache kept before anyone asked whose it is: never run
+    assert "never marked a seed source" in str(canary.refuses("h2", _manifest(trust="")))
+
+
+def test_cache_seed_from_names_groups_and_hosts_and_a_wrong_name_says_where(
+        tmp_path: Path) -> None:
+    ts = _targets(tmp_path, """all:
+  vars: {cache_seed_from: [canaries, gpu-9]}
+  children:
+    canaries: {hosts: {gpu-1: {address: a.invalid, model: tiny-cpu}}}
+    rest: {hosts: {gpu-2: {address: b.invalid, model: tiny-cpu},
+                   gpu-9: {address: c.invalid, model: tiny-cpu}}}
+""")
+    inv = inventory.load(tmp_path / "inventory")
+    trust = seed.trust_of(list(ts.values()), inv.select)
+    assert trust.sources == {h: frozenset({"gpu-1", "gpu-9"}) for h in ts}
+    (tmp_path / "inventory" / "hosts.yml").write_text(
+        "hosts:\n  gpu-1: {address: a.invalid, model: tiny-cpu, cache_seed_from: [gpu-7]}\n")
+    inv = inventory.load(tmp_path / "inventory")
+    with pytest.raises(ConfigError, match="gpu-1's cache_seed_from: 'gpu-7'") as err:
+        seed.trust_of(resolve(inv, "all", operator_env={}, require_secrets=False), inv.select)
+    assert err.value.key == "cache_seed_from"
+
+
+def test_a_plan_never_seeds_a_cache_from_a_host_that_is_no_seed_source(
+        tmp_path: Path) -> None:
+    (t,) = _targets(tmp_path, "hosts:\n  h2: {address: b.invalid, model: tiny-cpu}\n").values()
+    store = seed.Store(tmp_path / "caches")
+    m = _manifest(key=seed.key_of(seed.key_fields(t)), source="hostile", trust="canary")
+    store.put(m, {})
+    for p in m.parts:
+        store.blob(m.key, p.blob).write_bytes(b"x")
+    plan = Plan("h2", (Action(ActionKind.RESTART, "unit changed"),), True)
+    said: list[str] = []
+    trust = seed.Trust({"h2": frozenset({"gpu-1"})})
+    assert apply_mod.plan_seed_step(t, plan, store, said.append, [], trust) == plan
+    assert said == [f"compile cache of {m.describe()} not seeded: hostile is not a seed "
+                    "source of h2 (cache_seed_from: gpu-1)"]
+    step = apply_mod.plan_seed_step(t, plan, store, said.append, [], seed.Trust())
+    assert step.actions[0].kind == ActionKind.SEED_CACHE  # the canary rule trusts it
+    assert "it runs code compiled on hostile (the canary of its rollout)" in \
+        step.actions[0].reason
+
+
+class _HostileHost:
+    """A transport of a host whose agent answers a harvest as it likes."""
+
+    def __init__(self, claimed: int, blob: bytes) -> None:
+        self.name, self.claimed, self.blob = "hostile", claimed, blob
+        self.reads = 0
+
+    def run(self, command: str, *, stdin: str = "", timeout: float | None = None,
+            **kw: Any) -> Result:
+        verb = agent_verb(command)
+        if verb == "cache_list":
+            reply: dict[str, Any] = {"entries": [{"path": AOT, "files": 1, "bytes": 3,
+                                                  "newest": 2000.0}]}
+        elif verb == "cache_pack":
+            reply = {"blobs": [{"entry": AOT, "blob": "ab" * 32 + ".tar.gz", "files": 1,
+                                "sha256": hashlib.sha256(self.blob).hexdigest(),
+                                "bytes": self.claimed}]}
+        elif verb == "cache_read":
+            self.reads += '"done": true' not in stdin  # a read, not the clean-up
+            reply = {"data": base64.b64encode(self.blob).decode(), "eof": True}
+        else:
+            raise AssertionError(verb)
+        return Result(json.dumps(reply) + "\n", "", 0)
+
+
+@pytest.mark.parametrize("claimed, blob, why", [
+    (300 << 30, b"", "claims 322122547200 bytes"),
+    (4096, os.urandom(4096), "is refused: not a packed cache"),
+])
+def test_the_controller_keeps_no_blob_that_is_too_big_or_no_pack_of_its_entry(
+        tmp_path: Path, claimed: int, blob: bytes, why: str) -> None:
+    (t,) = _targets(tmp_path, "hosts:\n  hostile: {address: h.invalid, model: tiny-cpu}\n"
+                    ).values()
+    store, said = seed.Store(tmp_path / "caches"), list[str]()
+    host = _HostileHost(claimed, blob)
+    cc = CompileCache(state="miss", seconds=1.0, hashes=(AOT.rsplit("/", 1)[1],))
+    out = seed.after_start(host, t, store, _outcome("ready", "api_starting", cc, 1000.0), None,
+                           [], said.append)
+    assert out["kept"] is None and why in said[-1] and said[-1].startswith(
+        "compile cache: not kept")
+    assert store.get(seed.key_of(seed.key_fields(t))) is None
+    assert not [p for p in (tmp_path / "caches").iterdir() if p.name.startswith(".incoming")]
+    assert host.reads == (0 if claimed > seed.KEEP_MAX_BYTES else 1)
+
+
+def test_a_kept_blob_changed_in_the_store_is_never_sent(tmp_path: Path) -> None:
+    (t,) = _targets(tmp_path, "hosts:\n  h2: {address: b.invalid, model: tiny-cpu}\n").values()
+    store = seed.Store(tmp_path / "caches")
+    raw = b"the harvest's blob"
+    part = seed.Part(AOT, hashlib.sha256(raw).hexdigest(), len(raw), 1)
+    m = _manifest(parts=(part,), trust="canary")
+    store.put(m, {})
+    store.blob(m.key, part.blob).write_bytes(b"os.system('planted')")
+    step = seed.plan_seed(m, [], root="/c", tmp="/t", user="vllm")
+    assert step is not None
+    host = _HostileHost(0, b"")
+    with pytest.raises(HostError, match="is not the blob its harvest checked"):
+        seed.upload(host, t, store, step, print)
+    assert host.reads == 0

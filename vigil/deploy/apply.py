@@ -20,6 +20,7 @@ from vigil.deploy.hooks import Hooks
 from vigil.deploy.plan import Action, ActionKind, Plan, make_plan
 from vigil.deploy.preflight import check_host, stale_gpu_processes
 from vigil.deploy.runtime import import_remedy, verify_install
+from vigil.deploy.seed import Trust
 from vigil.desired.render import paths_for
 from vigil.desired.targets import Target
 from vigil.errors import (
@@ -80,6 +81,7 @@ class Options:
     hooks: Hooks | None = None  # drain: controller commands around a restart
     forks: int = FORKS  # hosts worked on at once
     seed: bool = True  # compile caches: seed before a restart, keep after a ready start
+    trust: Trust = field(default_factory=Trust)  # who may seed whom (compile caches)
     # the run's view of every watched start (a live table on a terminal); None: plain
     # lines through the deploy's log
     view: Reporter | None = field(default=None, compare=False)
@@ -199,7 +201,8 @@ def verify_start(transport: Transport, t: Target, opts: Options, log: Log,
     result.main_pid = st.main_pid
     if store is not None:
         result.compile_seed = seed.after_start(transport, t, store, outcome, sown,
-                                               list(seeded), lambda m: log(t.name, m))
+                                               list(seeded), lambda m: log(t.name, m),
+                                               trust=opts.trust)
     if st.verdict != Verdict.READY:
         raise ServeError(t.name, f"verify: {st.verdict} ({st.cause}): {st.proof}",
                          fix=st.remedy or f"see `invoke logs --hosts {t.name}`")
@@ -209,15 +212,20 @@ def verify_start(transport: Transport, t: Target, opts: Options, log: Log,
 
 
 def plan_seed_step(t: Target, plan: Plan, store: seed.Store, say: Callable[[str], None],
-                   held: Sequence[str]) -> Plan:
+                   held: Sequence[str], trust: seed.Trust | None = None) -> Plan:
     """The plan with its seed step before the restart, when the store keeps a cache of
-    this host's key that the host lacks (``held``: its entries, from the facts)."""
+    this host's key that the host lacks (``held``: its entries, from the facts) and its
+    source may seed this host (``trust``)."""
     m = store.get(seed.key_of(seed.key_fields(t)))
     for warning in store.warnings:
         say(f"compile cache: {warning}")
     if m is not None and m.bad:
         say(f"compile cache of {m.describe()} is quarantined ({m.bad}): not seeded")
     if m is None or m.bad:
+        return plan
+    refused = (trust or seed.Trust()).refuses(t.name, m)
+    if refused is not None:
+        say(f"compile cache of {m.describe()} not seeded: {refused}")
         return plan
     step = seed.plan_seed(m, held, root=t.rendered.paths.cache,
                           tmp=seed.tmp_root(t), user=t.vars.service_user)
@@ -269,7 +277,8 @@ def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
                         opts.seed and t.vars.cache_seed and t.takes("service")) else None
                     if store is not None and plan.restarts:
                         assert facts is not None  # gathered for the service role
-                        plan = plan_seed_step(t, plan, store, say, facts.caches or ())
+                        plan = plan_seed_step(t, plan, store, say, facts.caches or (),
+                                              opts.trust)
                     result.actions = plan.describe() if plan.actions else []
                     for line in plan.describe():
                         say(("would " if opts.check and plan.actions else "") + line)

@@ -18,7 +18,7 @@ import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -235,6 +235,8 @@ def run(targets: Sequence[Target], opts: Options, log: Log, *, serial: str | Non
     if rollback_failed and not opts.check:
         def rollback_one(t: Target) -> HostResult:
             return rollback_host(t, opts.watch, opts.state_dir, log, opts.hooks)
+    # the canary (the first host of the first batch) is who may seed others by default
+    opts = replace(opts, trust=replace(opts.trust, canary=batches[0][0] if batches else None))
     return roll(targets, batches, budget, lambda t: deploy_host(t, opts, log), log,
                 rollback_one=rollback_one, serial=serial or "", forks=opts.forks,
                 batched=batched, check=opts.check)

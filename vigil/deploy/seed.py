@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -27,7 +28,8 @@ from typing import Any
 
 from vigil.deploy.plan import Action, ActionKind
 from vigil.desired.targets import Target
-from vigil.errors import HostError
+from vigil.errors import ConfigError, HostError
+from vigil.host import caches
 from vigil.transport.base import Transport
 from vigil.transport.remote import call
 from vigil.verify import compile_cache, history
@@ -35,6 +37,9 @@ from vigil.verify.compile_cache import CompileCache
 from vigil.verify.reducer import Verdict
 
 CHUNK = 8 * 1024 * 1024  # bytes per round trip (base64 on the agent's stdin or stdout)
+# A packed entry the controller keeps at most (a host may claim any size): the biggest
+# compile caches seen are a few GB; what a host unpacks is bounded on its side too.
+KEEP_MAX_BYTES = 16 << 30
 
 
 # -- the key and the manifest (pure) --------------------------------------------------
@@ -98,6 +103,9 @@ class Manifest:
     state: str = "miss"  # its compile cache: miss (it compiled), partial, hit (it loaded)
     bad: str = ""  # why it is quarantined (never seeded while set)
     bad_at: float | None = None
+    # why its source may seed others (Trust): "listed" (cache_seed_from names it) or
+    # "canary" (the first host of its rollout); "" for a cache kept before vigil asked
+    trust: str = ""
 
     @property
     def bytes(self) -> int:
@@ -133,12 +141,78 @@ class Manifest:
                                for p in parts),
                    compile_s=num(data.get("compile_s")),
                    state=str(data.get("state") or "miss"), bad=str(data.get("bad") or ""),
-                   bad_at=num(data.get("bad_at")))
+                   bad_at=num(data.get("bad_at")), trust=str(data.get("trust") or ""))
 
 
 def tmp_root(t: Target) -> str:
     """Where torch keeps what TORCHINDUCTOR_CACHE_DIR does not move (the header)."""
     return f"/tmp/torchinductor_{t.vars.service_user}"
+
+
+@dataclass(frozen=True)
+class Trust:
+    """Who may seed whom. A compile cache is code (inductor's generated Python, shared
+    objects, Triton kernels): a host seeded from another runs what that host wrote. So a
+    cache is kept only from a seed source and seeded only where its source is trusted:
+
+    - ``cache_seed_from: [group, host, …]`` (``sources``, resolved by the task): the hosts
+      whose ready starts this host may run; a host's own cache is kept only when its
+      own list names it. ``[]``: none (a mixed-trust inventory: no host seeds this one).
+    - unset (None): the canary rule: a cache is kept only from the first host of a rollout
+      (``canary``, the host every later batch waits on), and any host runs a canary's.
+    """
+
+    sources: Mapping[str, frozenset[str] | None] = field(default_factory=dict)
+    canary: str | None = None
+
+    def keeps(self, host: str) -> str | None:
+        """Why ``host``'s ready start may be kept for others ("listed", "canary"), or
+        None."""
+        allowed = self.sources.get(host)
+        if allowed is not None:
+            return "listed" if host in allowed else None
+        return "canary" if host == self.canary else None
+
+    def refuses(self, host: str, m: Manifest) -> str | None:
+        """Why ``host`` may not run the kept cache ``m`` (None: it may)."""
+        allowed = self.sources.get(host)
+        if allowed is not None:
+            if m.source in allowed:
+                return None
+            return (f"{m.source} is not a seed source of {host} (cache_seed_from: "
+                    f"{', '.join(sorted(allowed)) or 'none'})")
+        if m.trust:
+            return None
+        return (f"it was kept before vigil asked who may seed ({m.source} was never marked "
+                "a seed source); the next ready start of a seed source replaces it")
+
+    def why_not_kept(self, host: str) -> str:
+        if self.sources.get(host) is not None:
+            return f"{host} is not in its cache_seed_from"
+        return (f"{host} is not this rollout's canary ({self.canary or 'none'}), and no "
+                "cache_seed_from names the hosts that may seed others")
+
+
+def trust_of(targets: Sequence[Target], select: Callable[[str], list[str]]) -> Trust:
+    """Each target's ``cache_seed_from`` as the host names it selects (``select``: the
+    inventory's pattern matcher); a pattern that selects nothing names the host and
+    where it was set."""
+    sources: dict[str, frozenset[str] | None] = {}
+    for t in targets:
+        if t.vars.cache_seed_from is None:
+            sources[t.name] = None
+            continue
+        names: set[str] = set()
+        for pattern in t.vars.cache_seed_from:
+            try:
+                names.update(select(pattern))
+            except ConfigError as exc:
+                raise ConfigError(f"{t.name}'s cache_seed_from: {pattern!r}: {exc.message}",
+                                  file=t.origin.get("cache_seed_from"), key="cache_seed_from",
+                                  fix="name hosts or groups of the inventory, or [] for none"
+                                  ) from None
+        sources[t.name] = frozenset(names)
+    return Trust(sources)
 
 
 def plan_seed(m: Manifest | None, present: Sequence[str], *, root: str, tmp: str,
@@ -151,9 +225,12 @@ def plan_seed(m: Manifest | None, present: Sequence[str], *, root: str, tmp: str
     if not missing:
         return None
     size = sum(p.bytes for p in missing) / 1e6
+    why = {"listed": "a seed source by cache_seed_from",
+           "canary": "the canary of its rollout"}.get(m.trust, m.trust)
     return Action(ActionKind.SEED_CACHE, f"compile cache of {m.describe()}: "
                   f"{', '.join(p.short for p in missing)} ({size:.1f} MB) that this host "
-                  "lacks (--no-seed compiles here instead)",
+                  f"lacks; it runs code compiled on {m.source} ({why}) (--no-seed compiles "
+                  "here instead)",
                   {"root": root, "tmp_root": tmp, "user": user, "key": m.key,
                    "source": m.source,
                    # the harvest's files and bytes bound what the host unpacks
@@ -237,9 +314,11 @@ class Store:
         path = self._dir(key) / "manifest.json"
         try:
             m = Manifest.from_dict(json.loads(path.read_text(encoding="utf-8")))
+            if not math.isfinite(m.started_at):
+                raise ValueError(f"started_at {m.started_at} is not a time")
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, OverflowError) as exc:
             self.warnings.append(f"{path}: ignored ({exc}); the next ready start replaces it")
             return None
         gone = [p.blob for p in m.parts if not self.blob(m.key, p.blob).is_file()]
@@ -311,6 +390,12 @@ def upload(transport: Transport, t: Target, store: Store, action: Action, say: S
         if not path.is_file():
             raise HostError(t.name, f"the kept cache's {part['blob']} went away before its "
                             "upload", fix="deploy again (or --no-seed)")
+        with path.open("rb") as fh:
+            digest = hashlib.file_digest(fh, "sha256").hexdigest()
+        if digest != part["sha256"]:  # content-addressed: changed since its harvest
+            raise HostError(t.name, f"the kept cache's {path} is not the blob its harvest "
+                            f"checked (sha256 {digest[:12]}, kept as "
+                            f"{str(part['sha256'])[:12]}): not sent", fix=f"remove {path.parent}")
         offset = 0
         with path.open("rb") as fh:
             while True:
@@ -345,11 +430,25 @@ def _fetch(transport: Transport, t: Target, packed: Mapping[str, Any], into: Pat
                         f"{str(packed['sha256'])[:12]}", fix="deploy again")
 
 
+def _checked(packed: Mapping[str, Any], path: Path) -> tuple[int, int]:
+    """(files, bytes unpacked) of a blob brought here, from the controller's own reading
+    of it: a tar.gz of plain files and directories of its entry, within the host's
+    bounds; HostError names what is wrong (it is then never kept)."""
+    with path.open("rb") as fh:
+        try:
+            members, total = caches.check_pack(fh, str(packed["entry"]))
+        except ValueError as exc:
+            raise ValueError(f"the packed {packed['entry']} is refused: {exc}") from None
+    return sum(1 for m in members if m.isreg()), total
+
+
 def harvest(transport: Transport, t: Target, store: Store, cc: CompileCache,
-            started_at: float, kept: Manifest | None, say: Say) -> Manifest | None:
+            started_at: float, kept: Manifest | None, say: Say,
+            trust: str = "canary") -> Manifest | None:
     """Keep the cache a ready start used: each entry the kept cache lacks (or holds in
-    another state) packed on the host, brought here in chunks and checked; the rest of
-    the kept parts reused."""
+    another state) packed on the host, brought here in chunks and checked (its sha256,
+    its size under the cap, a tar of its entry's files only); the rest of the kept parts
+    reused. ``trust``: why this host may seed others (Trust.keeps)."""
     fields = key_fields(t)
     listed = {str(e["path"]): e for e in listing(transport, t)}
     chosen = harvest_entries(list(listed.values()), cc, started_at)
@@ -361,25 +460,36 @@ def harvest(transport: Transport, t: Target, store: Store, cc: CompileCache,
     parts: dict[str, Part] = dict(reused)
     blobs: dict[str, Path] = {}
     store.root.mkdir(parents=True, exist_ok=True)
-    packed = call(transport, t.vars, "cache_pack", {**_roots(t), "entries": fresh},
-                  timeout=1800)["blobs"] if fresh else []
+    reply = call(transport, t.vars, "cache_pack", {**_roots(t), "entries": fresh},
+                 timeout=1800) if fresh else {}
+    packed = [p for p in reply.get("blobs") or [] if isinstance(p, dict)]
+    if reply.get("warning"):
+        say(f"compile cache: {reply['warning']}")
     try:
-        for p in packed:
+        for pk in packed:
+            if str(pk.get("entry")) not in fresh:
+                raise HostError(t.name, f"cache_pack sent {pk.get('entry')!r}, not asked for")
+            size = int(pk["bytes"])
+            if not 0 <= size <= KEEP_MAX_BYTES:
+                raise HostError(t.name, f"the packed {pk['entry']} claims {size} bytes "
+                                f"(kept at most: {KEEP_MAX_BYTES})")
             into = store.root / f".incoming-{os.urandom(6).hex()}"
-            blobs[str(p["sha256"])] = into
-            _fetch(transport, t, p, into)
-            parts[str(p["entry"])] = Part(entry=str(p["entry"]), sha256=str(p["sha256"]),
-                                          bytes=int(p["bytes"]), files=int(p["files"]),
-                                          bytes_raw=int(listed[str(p["entry"])]["bytes"]))
+            blobs[_sha(pk["sha256"])] = into
+            _fetch(transport, t, pk, into)
+            files, raw = _checked(pk, into)
+            parts[str(pk["entry"])] = Part(entry=str(pk["entry"]), sha256=str(pk["sha256"]),
+                                          bytes=size, files=files, bytes_raw=raw)
         m = Manifest(key=key_of(fields), fields=fields, source=t.name, started_at=started_at,
                      parts=tuple(parts[e] for e in chosen if e in parts),
-                     compile_s=cc.seconds, state=cc.state)
+                     compile_s=cc.seconds, state=cc.state, trust=trust)
         store.put(m, blobs)
+    except ValueError as exc:
+        raise HostError(t.name, str(exc)) from None
     finally:
         for path in blobs.values():
             path.unlink(missing_ok=True)
-        for p in packed:
-            call(transport, t.vars, "cache_read", {"blob": p["blob"], "done": True})
+        for pk in packed:
+            call(transport, t.vars, "cache_read", {"blob": pk["blob"], "done": True})
     carried = sum(p.bytes for p in m.parts if p.entry in fresh) / 1e6
     say(f"compile cache kept for this key: {m.describe()}; {carried:.1f} MB carried"
         + (f", {len(reused)} part(s) unchanged" if reused else ""))
@@ -402,10 +512,12 @@ def quarantine(transport: Transport, t: Target, store: Store, m: Manifest, seede
 
 
 def after_start(transport: Transport, t: Target, store: Store, outcome: Any,
-                sown: Action | None, seeded: list[str], say: Say) -> dict[str, Any]:
+                sown: Action | None, seeded: list[str], say: Say,
+                trust: Trust | None = None) -> dict[str, Any]:
     """The compile cache's stage after a verdict: a crash loading a seed quarantines
-    it; a ready start's cache is kept for its key. Never fails the deploy. Returns what
-    happened, for the host's JSON."""
+    it; a ready start's cache is kept for its key when its host is a seed source
+    (``trust``). Never fails the deploy. Returns what happened, for the host's JSON."""
+    trust = trust if trust is not None else Trust(canary=t.name)
     st, cc = outcome.state, outcome.compile_cache
     out: dict[str, Any] = {
         "seeded_from": sown.payload["source"] if sown is not None and seeded else None,
@@ -424,7 +536,11 @@ def after_start(transport: Transport, t: Target, store: Store, outcome: Any,
         kept = store.get(key_of(key_fields(t)))
         if st.started_at is not None and should_harvest(cc, st.verdict, kept):
             assert cc is not None
-            m = harvest(transport, t, store, cc, st.started_at, kept, say)
+            keeps = trust.keeps(t.name)
+            if keeps is None:
+                say(f"compile cache: not kept for other hosts: {trust.why_not_kept(t.name)}")
+                return out
+            m = harvest(transport, t, store, cc, st.started_at, kept, say, trust=keeps)
             out["kept"] = m.describe() if m is not None else None
     except (HostError, OSError) as exc:
         say(f"compile cache: not kept ({exc})")

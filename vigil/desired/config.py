@@ -164,6 +164,10 @@ class HostVars(Strict):
     # compile caches: a ready start's cache seeds the next host of the same key
     cache_seed: bool = Field(True, description="seed this host's compile cache from a "
                              "ready start of the same key before it restarts")
+    cache_seed_from: list[str] | None = Field(
+        None, description="hosts or groups whose kept compile caches this host may run "
+        "(a cache is code); a host's own is kept for others only when its list names it. "
+        "[]: none. Unset: only a rollout's canary seeds (docs/caches.md)")
     cache_store: str | None = Field(None, description="the controller directory (a shared "
                                     "mount) that keeps compile caches; default: "
                                     "<state_dir>/caches")

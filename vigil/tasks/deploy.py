@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -112,6 +112,7 @@ def deploy(
             inv, pattern, model=model, stack=stack, sets=set_ or [],
             template_dir=template_dirs(c),
         )
+        trust = seed_mod.trust_of(targets, inv.select)
         out = text_stream(json)
         settings, hooks = watch_settings(c), Hooks.parse(before_stop, after_ready)
         # a terminal gets verify's live table of the starts, the log's lines above it;
@@ -121,7 +122,7 @@ def deploy(
             opts = deploy_mod.Options(check=check, restart=restart, wait=not no_wait,
                                       reinstall=reinstall, kill_stale=kill_stale,
                                       watch=settings, state_dir=setting(c, "state_dir"),
-                                      forks=forks, hooks=hooks, seed=seed,
+                                      forks=forks, hooks=hooks, seed=seed, trust=trust,
                                       view=view if view.live else None)
             # one path whatever report flags are given: a plain deploy is a rollout of
             # one batch, with the same log, summary and exit code
@@ -130,7 +131,7 @@ def deploy(
         extra: dict[str, Any] = {}
         if check:
             later = seeded_later(targets, [b.hosts for b in ro.batches], ro.results,
-                                 log) if seed else {}
+                                 log, trust) if seed else {}
             ahead = predict_restarts(targets, ro.results, setting(c, "state_dir"), log,
                                      seeded=later)
             if ro.batched:
@@ -155,10 +156,14 @@ def _restarts(r: HostResult) -> bool:
 
 
 def seeded_later(targets: Sequence[Target], batches: Sequence[Sequence[str]],
-                 results: Sequence[HostResult], log: Log) -> dict[str, str]:
+                 results: Sequence[HostResult], log: Log,
+                 trust: seed_mod.Trust | None = None) -> dict[str, str]:
     """deploy --check of a rollout: the restarting hosts of later batches that the first
     ready start of their key in an earlier batch will seed (nothing is kept for the key
-    yet, so their plans cannot show it): host → that earlier host, each said."""
+    yet, so their plans cannot show it), when that host is a seed source they trust:
+    host → that earlier host, each said with whose code it will run."""
+    canary = batches[0][0] if batches and batches[0] else None
+    trust = replace(trust or seed_mod.Trust(), canary=canary)
     by_target = {t.name: t for t in targets}
     by_result = {r.host: r for r in results}
     first: dict[str, str] = {}  # key → the first restarting host of it, batches before
@@ -170,12 +175,18 @@ def seeded_later(targets: Sequence[Target], batches: Sequence[Sequence[str]],
             if t is None or r is None or not _restarts(r) or not t.vars.cache_seed:
                 continue
             keys[name] = key = seed_mod.key_of(seed_mod.key_fields(t))
-            if key in first and not any(a.startswith("seed_cache:") for a in r.actions):
-                out[name] = first[key]
-                log(name, f"would seed_cache: from {first[key]}'s start (an earlier batch, "
-                    "the same key) once it is ready")
+            src = first.get(key)
+            if src is None or any(a.startswith("seed_cache:") for a in r.actions):
+                continue
+            refused = trust.refuses(name, seed_mod.Manifest(
+                key, {}, src, 0.0, (), trust=trust.keeps(src) or ""))
+            if refused is None:
+                out[name] = src
+                log(name, f"would seed_cache: from {src}'s start (an earlier batch, the same "
+                    f"key) once it is ready: runs code compiled on {src}")
         for name, key in keys.items():
-            first.setdefault(key, name)
+            if trust.keeps(name) is not None:  # only a seed source's start is kept
+                first.setdefault(key, name)
     return out
 
 
