@@ -45,19 +45,26 @@ INVENTORY_HELP = ("inventory folder (default: the project's: vigil.yaml's invent
                   "./inventory); relative to the project root")
 
 
-# Short flags every task spells the same; the others are Invoke's automatic ones.
-SHORT_FLAGS = {"inventory": "i", "hosts": "H"}
+# The only short flags, each the same on every task that has the option, and each what
+# it means to ansible-playbook (-i inventory, -l limit, -f forks, -C check, -e extra
+# vars); no task takes Ansible's others (-u -D -v -K -k -b -c -t -T -M -J), so none means
+# something else. Invoke's automatic ones (-f became --after-ready) are not used.
+SHORT_FLAGS: dict[str, tuple[str, ...]] = {
+    "inventory": ("i",), "hosts": ("l",), "forks": ("f",), "check": ("C",),
+    "set": ("e",), "model": ("m",), "stack": ("s",), "json": ("j",), "name": ("n",),
+}
+# Long aliases: Ansible's --limit is --hosts.
+LONG_ALIASES: dict[str, tuple[str, ...]] = {"hosts": ("limit",)}
 
 
 class VigilTask(Task[Any]):
-    """Invoke's task with vigil's flag manners: -h stays --help (never --hosts), -i is
-    --inventory and -H --hosts on every task."""
+    """Invoke's task with vigil's flag manners: -h stays --help, and the only short
+    flags are SHORT_FLAGS's, the same letter for one option on every task."""
 
     def arg_opts(self, name: str, default: str, taken_names: set[str]) -> dict[str, Any]:
-        reserved = {"h", *SHORT_FLAGS.values()}
-        opts: dict[str, Any] = super().arg_opts(name, default, set(taken_names) | reserved)
-        if name in SHORT_FLAGS:
-            opts["names"] = [opts["names"][0], SHORT_FLAGS[name]]
+        opts: dict[str, Any] = super().arg_opts(name, default, set(taken_names))
+        long = opts["names"][0]
+        opts["names"] = [long, *LONG_ALIASES.get(long, ()), *SHORT_FLAGS.get(long, ())]
         return opts
 
     def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Any]:
