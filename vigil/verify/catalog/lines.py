@@ -113,6 +113,8 @@ def normalise(text: str) -> str:
     (the innermost kept) and Ray's `[repeated Nx across cluster]`. What is left is the
     line as vLLM wrote it: `(PROC pid=N) LEVEL MM-DD HH:MM:SS [file.py:N] message`.
     Idempotent: normalise(normalise(x)) == normalise(x)."""
+    if "repeated" in text:  # Ray's suffix, before a redraw could hide the line under it
+        text = _RAY_REPEATED.sub("", text)
     # tqdm redraws with \r: the last redraw is the state that counts.
     clean = strip_ansi(text).rstrip("\r\n")
     if clean.endswith("^M"):  # a CR in caret notation, as a terminal copy leaves it
