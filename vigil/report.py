@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import stat
 import sys
+import tempfile
 import threading
 import time
 import unicodedata
@@ -181,17 +185,64 @@ def summary_table(results: list[HostResult]) -> str:
                       recap_line(results)])
 
 
-def write_text(path: str, text: str) -> None:
-    """Write a report file whole or not at all (a reader never sees half a file)."""
-    target = Path(path)
+def _stream(target: Path) -> bool:
+    """Whether a report path is a stream to write through, never a file to replace: a
+    character device or FIFO (``/dev/null``, a named pipe), or anything under /dev or
+    /proc (``/dev/stdout`` is a link to the process's fd 1, a redirected log file too)."""
+    if os.path.abspath(target).startswith(("/dev/", "/proc/")):
+        return True
     try:
+        mode = os.stat(target).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+def _umask() -> int:
+    """This process's umask, read without setting it (os.umask would, for every thread)."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    return 0o022
+
+
+def write_text(path: str, text: str) -> None:
+    """Write a report file whole or not at all (a reader never sees half a file): a new
+    file of a random name made beside it (O_EXCL, never through a planted link), then
+    renamed over it; only a regular file (or none) is replaced. A stream (/dev/stdout,
+    /dev/null, a FIFO) is written through and stays what it was."""
+    target = Path(path)
+    # a lone surrogate in host text must not cost the whole report
+    data = text.encode("utf-8", errors="backslashreplace")
+    try:
+        if _stream(target):
+            fd = os.open(target, os.O_WRONLY | os.O_APPEND)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            return
+        try:
+            st: os.stat_result | None = os.stat(target)
+        except FileNotFoundError:
+            st = None
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            raise ConfigError("cannot write: it is not a regular file (a report replaces "
+                              "only a file, or writes through a device or FIFO)", file=path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp")
-        # a lone surrogate in host text must not cost the whole report
-        tmp.write_text(text, encoding="utf-8", errors="backslashreplace")
-        tmp.replace(target)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.",
+                                   suffix=".tmp")
+        try:
+            umask = _umask()
+            os.fchmod(fd, stat.S_IMODE(st.st_mode) if st is not None else 0o666 & ~umask)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
     except OSError as exc:
-        raise ConfigError(f"cannot write: {exc.strerror}", file=path) from None
+        raise ConfigError(f"cannot write: {exc.strerror or exc}", file=path) from None
 
 
 def xml_document(root: ET.Element) -> str:
