@@ -348,3 +348,48 @@ def test_a_deploy_failing_after_the_drain_undrains_or_says_the_host_is_left_drai
     assert "h1 is LEFT DRAINED: putting it back failed: hook after_ready exited 4" in (
         apply.undrain(t, failing, restarted=False, say=said.append))
     assert "is LEFT DRAINED" in said[-1]
+
+
+def test_a_restart_that_fails_leaves_the_host_drained_and_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 33.6: `systemctl restart` stops the old process before it starts the new one;
+    when the start fails, the old release no longer serves, so --after-ready must not put
+    the host back into the pool (it said 'the old release was never stopped')."""
+    from tests.doubles import facts_for
+    from vigil.deploy.plan import Action, ActionKind, Plan
+    from vigil.transport.base import Result
+
+    script = tmp_path / "hook.py"
+    script.write_text(HOOK)
+    calls = tmp_path / "calls.jsonl"
+    t = _targets(tmp_path, ["h1"])[0]
+
+    class Host:
+        name, round_trips = "h1", 0
+
+        def run(self, command: str, **kw: object) -> Result:
+            return Result(json.dumps({"results": [
+                {"kind": "write_unit", "ok": True},
+                {"kind": "restart", "ok": False, "error": "Job for vllm.service failed"}]}),
+                "", 0)
+
+    @contextlib.contextmanager
+    def held(*a: object, **kw: object) -> Iterator[object]:
+        yield Host()
+
+    monkeypatch.setattr(apply, "connect", held)
+    monkeypatch.setattr(apply, "host_lock", held)
+    monkeypatch.setattr(apply, "gather", lambda transport, t: facts_for(t))
+    monkeypatch.setattr(apply, "check_host", lambda *a, **kw: None)
+    monkeypatch.setattr(apply, "make_plan", lambda *a, **kw: Plan("h1", (
+        Action(ActionKind.WRITE_UNIT, "changed"), Action(ActionKind.RESTART, "changed")),
+        True))
+    drain = hooks.Hooks.parse(f"{sys.executable} {script} '{calls}' 0",
+                              f"{sys.executable} {script} '{calls}' 0")
+    result = apply.deploy_host(t, apply.Options(hooks=drain, seed=False), Log())
+    assert result.error is not None and "Job for vllm.service failed" in result.error
+    assert "h1 is LEFT DRAINED: --before-stop ran and the service was restarted" in \
+        result.error
+    assert "never stopped" not in result.error
+    assert [json.loads(x)["VIGIL_HOOK"] for x in calls.read_text().splitlines()] == [
+        "before_stop"]  # never put back

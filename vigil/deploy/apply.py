@@ -139,9 +139,12 @@ def missing_remedy(res: dict[str, Any], stack: str) -> str | None:
 def apply_plan(transport: Transport, t: Target, plan: Plan, say: Callable[[str], None],
                done: list[str] | None = None,
                before_stop: Callable[[], None] | None = None,
-               store: seed.Store | None = None, seeded: list[str] | None = None) -> None:
+               store: seed.Store | None = None, seeded: list[str] | None = None,
+               tried: list[str] | None = None) -> None:
     """Apply the plan; ``done`` gets the kind of every action the host completed, also
-    when a later one fails (a group's rollback asks whether the backup was taken).
+    when a later one fails (a group's rollback asks whether the backup was taken);
+    ``tried`` every action's the host ran, failed ones too (a failed ``systemctl
+    restart`` has stopped the old process first: the host no longer serves it).
     ``before_stop`` (the drain) runs after the install, which may last minutes and fail
     with the old release serving, and right before the round trip that restarts. A
     seed_cache step's blob goes up from ``store`` first; ``seeded`` gets its entries."""
@@ -165,6 +168,8 @@ def apply_plan(transport: Transport, t: Target, plan: Plan, say: Callable[[str],
         a.wire() for a in plan.actions if a.kind not in skip and not a.when]}
     reply = call(transport, t.vars, "apply", request, timeout=3600)
     for i, res in enumerate(reply["results"]):
+        if tried is not None:
+            tried.append(res["kind"])
         if res["ok"] and done is not None:
             done.append(res["kind"])
         if res["kind"] == ActionKind.SEED_CACHE and res["ok"]:
@@ -239,6 +244,7 @@ def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
     started = time.monotonic()
     result = HostResult(t.name, HostStatus.FAILED)
     done: list[str] = []  # the actions the host completed
+    tried: list[str] = []  # and the ones it ran, failed ones too
     drained: list[str] = []  # the drain hook ran and nothing put the host back yet
 
     def say(message: str) -> None:
@@ -300,7 +306,7 @@ def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
                     seeded: list[str] = []
                     apply_plan(transport, t, plan, say, done,
                                before_stop=drain if hooks is not None else None,
-                               store=store, seeded=seeded)
+                               store=store, seeded=seeded, tried=tried)
                     # what was done: a step whose condition never came is left out
                     result.actions = [a.describe() for a in plan.actions if not a.when]
                     result.restarted = plan.restarts
@@ -325,7 +331,8 @@ def deploy_host(t: Target, opts: Options, log: Log) -> HostResult:
         result.exit_code = int(err.exit_code)
         say(f"{failed_word(int(err.exit_code))}: {err}")
         if drained and opts.hooks is not None:
-            result.error += undrain(t, opts.hooks, restarted=ActionKind.RESTART in done, say=say)
+            result.error += undrain(t, opts.hooks, restarted=ActionKind.RESTART in tried,
+                                    say=say)
     finally:
         result.replaced = ActionKind.BACKUP in done
         result.applied = list(done)
