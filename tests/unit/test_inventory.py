@@ -776,3 +776,35 @@ def test_a_templated_inventory_value_is_one_warning_naming_it(tmp_path: Path) ->
     assert "ansible_default_ipv4" not in env  # the value is not echoed
     assert service.startswith("'service' in group_vars/gpu.yml")
     assert not any("'env.A'" in w for w in inv.warnings)
+
+
+# -- issue 29.12: every selected host's inputs are checked before the first connection --
+
+
+def test_a_missing_key_file_of_one_host_is_refused_before_any_host(tmp_path: Path) -> None:
+    root = _ansible(tmp_path, "hosts.ini", "[gpu]\ngpu-[01:08] model=glm-5\n")
+    (root / "host_vars").mkdir()
+    (root / "host_vars" / "gpu-08.yml").write_text("ssh_key: keys/deploy\n")
+    inv = inventory.load(root)
+    with pytest.raises(ConfigError) as err:
+        inv.check_inputs("all")
+    text = str(err.value)
+    assert text.startswith("host_vars/gpu-08.yml: ssh_key: host gpu-08: ssh_key "
+                           f"{root / 'keys/deploy'} does not exist"), text
+    assert err.value.exit_code == 2
+    with pytest.raises(ConfigError, match="ssh_key"):  # deploy's and verify's path too
+        resolve(inv, "all", operator_env=ENV)
+    assert len(inv.check_inputs("all:!gpu-08")) == 7
+    (root / "keys").mkdir()
+    (root / "keys" / "deploy").write_text("key\n")
+    assert len(inv.check_inputs("all")) == 8
+
+
+def test_a_strict_known_hosts_file_that_is_missing_is_refused_before_any_host(
+        tmp_path: Path) -> None:
+    root = _ansible(tmp_path, "hosts.ini", "[gpu]\ngpu-01 known_hosts=/nonexistent/kh\n"
+                    "gpu-02 known_hosts=/nonexistent/kh host_key=accept-new\n")
+    inv = inventory.load(root)
+    with pytest.raises(ConfigError, match="known_hosts file /nonexistent/kh does not exist"):
+        inv.check_inputs("gpu-01")
+    inv.check_inputs("gpu-02")  # accept-new creates it

@@ -153,3 +153,19 @@ def test_hosts_all_never_changes_the_controller_unnamed(inv: Path, task: str) ->
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "selects here, which is this machine (connection: local" in proc.stderr
     assert "--hosts here" in proc.stderr and "192.0.2.1" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("task", ["status", "logs", "rollback", "stack.check", "verify"])
+def test_a_bad_input_of_one_host_stops_the_task_before_any_host_is_contacted(
+        inv: Path, task: str) -> None:
+    """Issue 29.12: exit 2 means nothing was touched: the host with the missing key file
+    is refused before the reachable-looking one is dialled."""
+    (inv / "hosts.yml").write_text(
+        "hosts:\n  gpu-01: {address: 192.0.2.1, connect_timeout_s: 1, model: tiny-cpu, "
+        "stack: lab-cpu}\n  gpu-02: {address: 192.0.2.2, ssh_key: keys/none, model: "
+        "tiny-cpu, stack: lab-cpu}\n")
+    proc = invoke(inv, task, "--hosts", "all")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out
+    assert "host gpu-02: ssh_key" in out and "does not exist" in out
+    assert "192.0.2.1" not in out and "gpu-01" not in out, out

@@ -200,6 +200,16 @@ class Inventory:
                 fix=f"to mean it, name the host: --hosts {name}; else leave it out: "
                 f"--hosts '{pattern}:!{name}' (or give it an address to reach over ssh)")
 
+    def check_inputs(self, pattern: str, flags: dict[str, Any] | None = None) -> list[str]:
+        """The selected hosts, once every one's variables resolve and its files on this
+        machine (ssh_key, a strict known_hosts) exist: a bad input of the eighth host is
+        refused before the first is contacted (issue 29.12)."""
+        names = self.select(pattern)
+        for name in names:
+            resolved = self.resolve(name, flags)
+            local_inputs(name, resolved.vars, resolved.origin)
+        return names
+
     def _match(self, item: str, pattern: str) -> list[str]:
         if item in ("all", "*"):
             return list(self.hosts)
@@ -501,6 +511,26 @@ class _Reader:
         for where, data in parsed.all_vars:
             self.group_inline.setdefault("all", []).append(
                 Layer(where, data, str(path), "group all"))
+
+
+def local_inputs(name: str, hv: HostVars, origin: dict[str, str] | None = None) -> None:
+    """Refuse what a host's connection would need from this machine and cannot have: its
+    ssh_key file, the known_hosts file a strict check reads (accept-new creates it)."""
+    if hv.connection == "local":
+        return
+    where = origin or {}
+    if hv.ssh_key and not Path(hv.ssh_key).expanduser().is_file():
+        raise ConfigError(f"host {name}: ssh_key {Path(hv.ssh_key).expanduser()} does not "
+                          "exist", file=where.get("ssh_key"), key="ssh_key",
+                          fix="point ssh_key at the deploy key's private key file on this "
+                          "machine (a relative path is the inventory folder's)")
+    if hv.known_hosts and hv.host_key == "strict" \
+            and not Path(hv.known_hosts).expanduser().is_file():
+        raise ConfigError(f"host {name}: known_hosts file "
+                          f"{Path(hv.known_hosts).expanduser()} does not exist",
+                          file=where.get("known_hosts"), key="known_hosts",
+                          fix="create it (ssh-keyscan -H HOST >> FILE, then check the "
+                          "fingerprint) or fix known_hosts in the inventory")
 
 
 def _name(kind: str, name: str, path: Path) -> None:

@@ -15,7 +15,7 @@ import yaml
 
 from vigil.desired.config import HostVars, ModelProfile
 from vigil.desired.group_spec import group_of
-from vigil.desired.inventory import Inventory, merge
+from vigil.desired.inventory import Inventory, local_inputs, merge
 from vigil.desired.render import TEMPLATES, Rendered, Secrets, TemplateDirs, render
 from vigil.desired.roles import RenderedRole, render_role
 from vigil.desired.stacks import Stack
@@ -114,7 +114,10 @@ def resolve(
     template_dir: TemplateDirs = TEMPLATES,
     require_secrets: Secrets = True,
     fits: bool = True,
+    local_files: bool = True,
 ) -> list[Target]:
+    """Every selected host's target, checked whole before any host is contacted (its
+    files on this machine too, unless ``local_files=False``: render writes files only)."""
     host_flags, profile_flags = parse_sets(sets, inv.role_keys(), inv.root)
     env = os.environ if operator_env is None else operator_env
     targets = []
@@ -127,6 +130,8 @@ def resolve(
                 fix=f"invoke group.deploy --name {node_of} (or group.verify, group.render)")
         resolved = inv.resolve(name, host_flags)
         hv = resolved.vars
+        if local_files:
+            local_inputs(name, hv, resolved.origin)
         for flag, value, key in (("--model", model, "model"), ("--stack", stack, "stack")):
             if value is not None and key in host_flags and host_flags[key] != value:
                 raise ConfigError(

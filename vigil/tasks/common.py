@@ -217,6 +217,14 @@ def load_inventory(c: Context) -> inventory.Inventory:
     return inv
 
 
+def checked_inventory(c: Context, hosts: str) -> inventory.Inventory:
+    """The inventory, once every host `hosts` selects has its inputs (variables, key and
+    known_hosts files): nothing is contacted when one of them would fail."""
+    inv = load_inventory(c)
+    inv.check_inputs(hosts)
+    return inv
+
+
 @contextmanager
 def user_errors() -> Iterator[None]:
     """A user mistake prints one clear message and exits with its code; no traceback."""

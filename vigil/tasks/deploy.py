@@ -25,6 +25,7 @@ from vigil.tasks.common import (
     HOSTS_HELP,
     SET_HELP,
     JsonFlag,
+    checked_inventory,
     emit_json,
     exit_with,
     hosts_given,
@@ -233,7 +234,7 @@ def render(
     with user_errors():
         targets = targets_mod.resolve(
             load_inventory(c), hosts, model=model, stack=stack, sets=set_ or [],
-            template_dir=template_dirs(c), require_secrets=False,
+            template_dir=template_dirs(c), require_secrets=False, local_files=False,
         )
         for t in targets:
             echo("\n".join(review.write_files(t, out_path(c, out) / t.name)))
@@ -256,7 +257,7 @@ def _report(runs: list[service.HostRun[str]], width: int | None = None,
 def status(c: Context, hosts: str = "all", json: JsonFlag = None) -> None:
     """Unit state, main PID, uptime, model, port and /health of each host."""
     with user_errors():
-        runs = service.on_hosts(load_inventory(c), hosts,
+        runs = service.on_hosts(checked_inventory(c, hosts), hosts,
                                 lambda name, hv, t: service.status(t, hv))
     codes = [int(r.error.exit_code) for r in runs if r.error is not None]
     _report([service.HostRun(r.host, r.value.line() if r.value is not None else None,
@@ -274,11 +275,12 @@ def logs(c: Context, hosts: str = "all", follow: bool = False, lines: int = 100)
     """The service's journal on each host."""
     log = Log()
     with user_errors():
+        inv = checked_inventory(c, hosts)
         if follow:
-            runs = service.on_hosts(load_inventory(c), hosts, lambda name, hv, t: service.follow(
+            runs = service.on_hosts(inv, hosts, lambda name, hv, t: service.follow(
                 t, hv, lines, lambda line: log(name, line)))
         else:
-            runs = service.on_hosts(load_inventory(c), hosts, lambda name, hv, t: log(
+            runs = service.on_hosts(inv, hosts, lambda name, hv, t: log(
                 name, service.journal(t, hv, lines).rstrip("\n")))
     for r in runs:
         if r.error is not None:
@@ -301,6 +303,7 @@ def rollback(c: Context, hosts: str | None = None, no_wait: bool = False) -> Non
 
         inv, pattern = load_inventory(c), hosts_given(hosts, "rollback")
         inv.refuse_controller(pattern, "rollback")
+        inv.check_inputs(pattern)
         runs = service.on_hosts(inv, pattern, one)
     for r in runs:
         if r.error is not None:

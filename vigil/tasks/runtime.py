@@ -113,7 +113,7 @@ def check(c: Context, hosts: str = "all", stack: str | None = None,
     """Drift report: the running environment against its stack's pins and rules."""
     with user_errors():
         inv = load_inventory(c)
-        names = inv.select(hosts)
+        names = inv.check_inputs(hosts)
         for n in names:  # bad input fails before any connection
             inv.stack(stack_of(inv, n, inv.host_vars(n), stack))
     results: dict[str, Drift] = {}
