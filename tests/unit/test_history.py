@@ -100,3 +100,25 @@ def test_host_file_append_and_read_through_real_bash(
     assert [r.started_at for r in records] == [1.0, 2.0]
     assert t.round_trips == 4  # one per read, one per append
     assert len(path.read_text().splitlines()) == 2
+
+
+def test_records_of_other_hosts_in_a_hosts_file_are_ignored_aloud(
+    tmp_path: Path, target: targets_mod.Target, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 33.12: lab5's file holding records "host: h2" stretched h2's stall window to
+    60 min and its prediction to ~166 h once merged into the mirror."""
+    import json
+
+    path = tmp_path / "vllm.jsonl"
+    monkeypatch.setattr(history, "host_path", lambda service: str(path))
+    poisoned = dataclasses.replace(rec(3.0), host="h2", total_s=600000.0)
+    path.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in (
+        dataclasses.replace(rec(1.0), host="lab5"), rec(2.0), poisoned)))
+    warned: list[str] = []
+    mirror, _ = history.history_in(LocalTransport("lab5"), target.vars, tmp_path,
+                                   warn=warned.append)
+    kept = mirror.records()
+    assert sorted(r.started_at for r in kept) == [1.0, 2.0]
+    assert {r.host for r in kept} == {"lab5"}  # a record with no host is the file's host's
+    assert warned == [f"lab5:{path}: 1 record(s) of other hosts ignored (a host's history "
+                      "speaks for that host only)"]

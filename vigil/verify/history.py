@@ -14,8 +14,9 @@ import hashlib
 import json
 import math
 import sqlite3
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import closing
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -290,6 +291,15 @@ def history_in(transport: Transport, host: HostVars, state_dir: Path, *,
     return mirror, cores
 
 
+def own_records(records: Sequence[HistoryRecord], host: str
+                ) -> tuple[list[HistoryRecord], int]:
+    """The records a host's own file may hold: its own (one with no host is its own), and
+    how many others were dropped. A host's file is written by whoever controls the host:
+    records "host: h2" in it would stretch h2's stall windows and predictions."""
+    own = [r if r.host else replace(r, host=host) for r in records if r.host in ("", host)]
+    return own, len(records) - len(own)
+
+
 def append_host(transport: Transport, host: HostVars, record: HistoryRecord) -> None:
     """Append one record to the host's history (one round trip, record on stdin)."""
     _history(transport, host, record)
@@ -328,6 +338,10 @@ def _history(transport: Transport, host: HostVars, append: HistoryRecord | None,
         raise HostError(transport.name, f"history {path}: {reply['error']}",
                         fix="deploy as root, or set sudo: true")
     records, warnings = read_lines(str(reply.get("text") or ""), f"{transport.name}:{path}")
+    records, foreign = own_records(records, transport.name)
+    if foreign:
+        warnings.append(f"{transport.name}:{path}: {foreign} record(s) of other hosts "
+                        "ignored (a host's history speaks for that host only)")
     if warn is not None:
         for line in warnings:
             warn(line)
