@@ -169,3 +169,18 @@ def test_a_bad_input_of_one_host_stops_the_task_before_any_host_is_contacted(
     assert proc.returncode == 2, out
     assert "host gpu-02: ssh_key" in out and "does not exist" in out
     assert "192.0.2.1" not in out and "gpu-01" not in out, out
+
+
+def test_message_fixes_of_issue_29_15(inv: Path) -> None:
+    """`--json -` is stdout (no file named '-'); `logs --lines -5` is refused; `history
+    --model nosuch` is an error naming the profiles, not rc 0 with no word."""
+    status = invoke(inv, "history", "--json", "-")
+    assert status.returncode == 0, status.stderr
+    assert status.stdout.lstrip().startswith("{") and not (REPO / "-").exists()
+    lines = invoke(inv, "logs", "--hosts", "here", "--lines", "-5")
+    assert lines.returncode == 2 and "--lines -5: at least 1" in lines.stderr, lines.stderr
+    typo = invoke(inv, "history", "--model", "glm5")
+    assert typo.returncode == 2, typo.stdout + typo.stderr
+    assert "--model glm5: no such profile" in typo.stderr and "'glm-5'" in typo.stderr
+    none_yet = invoke(inv, "history", "--model", "glm-5")
+    assert none_yet.returncode == 0 and "no past start of glm-5" in none_yet.stderr

@@ -140,13 +140,13 @@ def json_help(what: str) -> str:
 
 def text_stream(json: JsonFlag) -> TextIO:
     """Where a task prints its text: stderr when its JSON has stdout (a bare --json)."""
-    return sys.stderr if json is True else sys.stdout
+    return sys.stderr if json is True or json == "-" else sys.stdout
 
 
 def emit_json(c: Context, json: JsonFlag, payload: Any) -> None:
     """A task's --json: nothing (not given), stdout (bare) or the named file (relative to
     the project root, written whole or not at all)."""
-    if json is True:
+    if json is True or json == "-":  # `--json -` is stdout, as for every Unix tool
         # ASCII-only (json's escapes), so nothing for echo's cleaning to change
         echo(json_mod.dumps(payload, indent=2, default=str))
     elif json:

@@ -275,6 +275,9 @@ def logs(c: Context, hosts: str = "all", follow: bool = False, lines: int = 100)
     """The service's journal on each host."""
     log = Log()
     with user_errors():
+        if lines < 1:
+            raise ConfigError(f"--lines {lines}: at least 1", key="--lines",
+                              fix="e.g. --lines 100 (the last 100 lines)")
         inv = checked_inventory(c, hosts)
         if follow:
             runs = service.on_hosts(inv, hosts, lambda name, hv, t: service.follow(

@@ -11,6 +11,8 @@ from invoke.context import Context
 
 from vigil.desired import targets as targets_mod
 from vigil.desired.render import SMOKE_SECRETS
+from vigil.desired.yamlfile import did_you_mean
+from vigil.errors import ConfigError
 from vigil.report import echo
 from vigil.tasks import pipeline
 from vigil.tasks.common import (
@@ -99,9 +101,17 @@ def history(c: Context, model: str | None = None, hosts: str | None = None,
             html: str | None = None, json: JsonFlag = None) -> None:
     """Past starts from the local mirror: phase durations, verdicts, cold/warm."""
     with user_errors():
-        names = load_inventory(c).select(hosts) if hosts else None
+        inv = load_inventory(c) if hosts or model else None
+        names = inv.select(hosts) if inv is not None and hosts else None
         mirror = history_mod.Mirror(setting(c, "state_dir") / "history.sqlite")
         records = mirror.records(model=model, hosts=names)
+        if inv is not None and model and not records:
+            known = inv.names("models")
+            if model not in known:  # a typo, not a model with no starts yet
+                raise ConfigError(f"--model {model}: no such profile and no past start of "
+                                  f"it{did_you_mean(model, set(known))}", key="--model",
+                                  fix=f"use one of: {', '.join(known) or '(none)'}")
+            echo(f"no past start of {model} recorded yet", file=sys.stderr)
         for line in mirror.warnings:  # rows an older vigil merged, each ignored
             echo(f"warning: {line}", file=sys.stderr)
         echo(verify_report.history_table(records), file=text_stream(json))
