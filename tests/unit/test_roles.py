@@ -397,3 +397,42 @@ def test_an_ops_repo_role_folder_overrides_a_builtin_template_by_name(
                                     "vllm.env.j2": str(TEMPLATES / "vllm.env.j2")}
     written = review.write_files(t, tmp_path / "out")
     assert any(w.endswith(f"(from {mine / 'vllm.service.j2'})") for w in written), written
+
+
+@pytest.mark.parametrize("role, spec", [
+    ("poweroff", "files: [{template: t.j2, dest: /etc/systemd/system/poweroff.target}]\n"
+                 "enable: [poweroff.target]"),
+    ("etc", "files: [{template: t.j2, dest: /etc/systemd/system/etc.mount}]\n"
+            "enable: [etc.mount]"),
+    ("vllm", "files: [{template: t.j2, dest: /etc/systemd/system/vllm.service.d/x.conf}]"),
+    ("ssh", "files: [{template: t.j2, dest: /etc/systemd/system/ssh.service}]"),
+    ("systemd", "files: [{template: t.j2, dest: "
+                "/etc/systemd/system/systemd-journald.service.d/x.conf}]"),
+    ("ray", "files: [{template: t.j2, dest: /etc/systemd/system/ray-head.service}]"),
+])
+def test_a_role_named_for_a_system_unit_does_not_own_it(roles_dir: Path, inv_dir: Path,
+                                                        role: str, spec: str) -> None:
+    """Issue 33.5: confinement was decided by the role's own name: a role called poweroff
+    placed and enabled poweroff.target, one called etc mounted over /etc, vllm, ssh and
+    systemd overrode those services. allow.yml is the only way past it."""
+    mine = roles_dir / role
+    (mine / "templates").mkdir(parents=True)
+    (mine / "templates" / "t.j2").write_text("[Unit]\n")
+    (mine / "role.yml").write_text(spec + "\n")
+    with pytest.raises(ConfigError, match="it is the host's or vigil's own") as err:
+        inventory.load(inv_dir, roles_dir)
+    assert f"roles/{role}/role.yml" in str(err.value) and "allow.yml" in str(err.value)
+    unit = spec.split("/etc/systemd/system/", 1)[1].split("}", 1)[0].split(".d/", 1)[0]
+    (roles_dir / "allow.yml").write_text(f"{role}: {{units: [{unit}]}}\n")
+    inventory.load(inv_dir, roles_dir)  # named in allow.yml: the operator's own choice
+
+
+def test_a_role_still_owns_its_own_services_and_timers(roles_dir: Path, inv_dir: Path) -> None:
+    mine = roles_dir / "gpu-exporter"
+    (mine / "templates").mkdir(parents=True)
+    (mine / "templates" / "t.j2").write_text("[Unit]\n")
+    (mine / "role.yml").write_text(
+        "files: [{template: t.j2, dest: /etc/systemd/system/gpu-exporter.service},\n"
+        "        {template: t.j2, dest: /etc/systemd/system/vigil-gpu-exporter.timer}]\n"
+        "enable: [gpu-exporter.service, vigil-gpu-exporter.timer]\n")
+    assert "gpu-exporter" in inventory.load(inv_dir, roles_dir).roles

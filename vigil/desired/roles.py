@@ -20,8 +20,9 @@ A role may come from someone else's repository, and it runs as root on the hosts
 confined at load (``confine``): a file goes under the role's own folders (``ROOTS``:
 ``/etc/vigil/<role>/``, ``/opt/vigil/<role>/``, ``/var/lib/vigil/roles/<role>/``) or into
 a systemd unit folder as one of the role's own units (named ``<role>…`` or
-``vigil-<role>…``, or a drop-in ``<unit>.d/*.conf`` of one); it restarts and enables only
-units it places. Anything else must be named for that role in ``roles/allow.yml``::
+``vigil-<role>…``, or a drop-in ``<unit>.d/*.conf`` of one: a service, timer, socket or
+path, and never the host's or vigil's own, ``SYSTEM_UNITS``, whatever the role is called);
+it restarts and enables only units it places. Anything else must be named for that role in ``roles/allow.yml``::
 
     node-exporter:
       paths: [/etc/default/node-exporter, /etc/nginx/conf.d/]  # a file, or a folder (/)
@@ -144,11 +145,47 @@ def check_name(name: object, where: str) -> str:
     return name
 
 
+# Kinds of unit a role owns by its name alone. A target, mount, swap, slice or scope
+# changes the host itself (poweroff.target, etc.mount over /etc): only allow.yml places one.
+OWN_KINDS = ("service", "timer", "socket", "path")
+# Units a host or vigil itself runs, which no role owns by being named for them (a role
+# called ssh, systemd or vllm): systemd's own and its targets, the services of a GPU host,
+# vigil's service and the Ray units beside it. FAMILIES stand for themselves and ``x-…``.
+SYSTEM_UNITS = frozenset((
+    "init", "udev", "cron", "crond", "anacron", "atd", "polkit", "rsyslog", "syslog",
+    "auditd", "apparmor", "networking", "network", "netplan", "wpa_supplicant", "resolvconf",
+    "chrony", "chronyd", "ntp", "ntpd", "firewalld", "ufw", "nftables", "iptables",
+    "unattended-upgrades", "packagekit", "logrotate", "fstrim", "e2scrub", "lvm2",
+    "multipathd", "iscsid", "rpcbind", "autofs", "crio", "dcgm", "poweroff", "reboot",
+    "halt", "kexec", "shutdown", "emergency", "rescue", "default", "multi-user",
+    "graphical", "sysinit", "basic", "local-fs", "remote-fs", "swap", "tmp",
+    "ctrl-alt-del", "sleep", "suspend", "hibernate", "exit", "sudo", "vigil",
+))
+FAMILIES = ("systemd", "dbus", "getty", "serial-getty", "user", "ssh", "sshd", "apt", "dnf",
+            "snapd", "cloud", "NetworkManager", "docker", "containerd", "kubelet", "nfs",
+            "nvidia", "vllm", "ray")
+
+
+def system_unit(unit: str) -> bool:
+    """Whether a unit is the host's or vigil's own, or of a kind a role does not own by its
+    name (OWN_KINDS)."""
+    name, _, kind = unit.rpartition(".")
+    stem = name.split("@", 1)[0]
+    return kind not in OWN_KINDS or stem in SYSTEM_UNITS or any(
+        stem == f or stem.startswith(f + "-") for f in FAMILIES)
+
+
 def _own_unit(unit: str, role: str, allowed: Sequence[str]) -> bool:
-    """A unit the role may place: named for it (``<role>…``/``vigil-<role>…``) or allowed."""
+    """A unit the role may place: named for it (``<role>…``/``vigil-<role>…``), of a kind a
+    role owns and not the host's or vigil's own (``system_unit``); or allowed."""
+    if unit in allowed:
+        return True
     stem = unit.split("@", 1)[0].rsplit(".", 1)[0]
-    mine = any(stem == p or stem.startswith(p + "-") for p in (role, f"vigil-{role}"))
-    return mine or unit in allowed
+    own = f"vigil-{role}"
+    if stem == own or stem.startswith(own + "-"):  # vigil-<role>…: vigil's name space
+        return unit.rsplit(".", 1)[-1] in OWN_KINDS
+    mine = stem == role or stem.startswith(role + "-")
+    return mine and not system_unit(unit)
 
 
 def _unit_placed(dest: str) -> str | None:
@@ -186,6 +223,9 @@ def confine(name: str, spec: RoleSpec, allow: Allow, sfile: str) -> None:
         if unit:
             why = (f"{unit} is not one of the role's own units (named {name}… or "
                    f"vigil-{name}…)")
+            if system_unit(unit):
+                why += ("; it is the host's or vigil's own, or a kind (a target, a mount) "
+                        "a role places only through allow.yml")
             fix = f"name the unit {name}.service or vigil-{name}.service, {fix_allow}"
         elif name in RESERVED and unit is None and any(f.dest.startswith(r) for r in roots):
             why = f"{name!r} is a folder vigil keeps itself under those roots"
