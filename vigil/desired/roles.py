@@ -22,7 +22,8 @@ confined at load (``confine``): a file goes under the role's own folders (``ROOT
 a systemd unit folder as one of the role's own units (named ``<role>…`` or
 ``vigil-<role>…``, or a drop-in ``<unit>.d/*.conf`` of one: a service, timer, socket or
 path, and never the host's or vigil's own, ``SYSTEM_UNITS``, whatever the role is called);
-it restarts and enables only units it places. Anything else must be named for that role in ``roles/allow.yml``::
+it restarts and enables only units it places. Anything else must be named for that role
+in ``roles/allow.yml``::
 
     node-exporter:
       paths: [/etc/default/node-exporter, /etc/nginx/conf.d/]  # a file, or a folder (/)
