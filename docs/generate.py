@@ -616,6 +616,8 @@ def tasks_section(collection: Any, prefix: str) -> list[str]:
             arg = by_flag[long.replace("[no-]", "")]  # a flag on by default: --[no-]seed
             default = arg.default
             shown = "—" if default in (None, [], False, "") else code(flow(default))
+            # Invoke orders an option's aliases as a set does (per process): sorted here
+            flags = ", ".join(sorted(flags.split(", "), key=lambda f: (f.startswith("--"), f)))
             rows.append(f"| {code(flags)} | {shown} | {cell(help_text or '')} |")
         if rows:
             lines += ["| flag | default | |", "|---|---|---|", *rows, ""]
