@@ -88,8 +88,12 @@ case "$(basename "$0") $1" in
   "systemctl "*) exit 0 ;;
   journalctl*)
     case "$*" in
-      *UNIT=vllm*) echo "vllm.service: Failed to kill control group: Input/output error"
-                   echo "vllm.service: Main process exited, code=exited, status=219/CGROUP" ;;
+      *_PID=1*UNIT=vllm*)
+        echo "vllm.service: Failed to kill control group: Input/output error"
+        echo "vllm.service: Main process exited, code=exited, status=219/CGROUP" ;;
+      *UNIT=vllm*)  # UNIT= alone: a line the service sent with UNIT= set itself too
+        echo "vllm.service: Main process exited, code=exited, status=219/CGROUP"
+        echo "vllm.service: api_key=sk-the-secret (forged by the service)" ;;
       *) echo "(APIServer) non-default args: api_key=sk-the-secret" ;;
     esac ;;
 esac
@@ -100,7 +104,8 @@ def test_a_failed_start_carries_systemds_own_account_and_none_of_the_services_ou
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``systemctl restart`` says only "the control process exited with error code": the
     reply adds the unit's result and exit status and systemd's own lines about it (the
-    cgroup it could not clear), never a line the service printed."""
+    cgroup it could not clear), never a line the service printed, nor one it sent with
+    UNIT= set (a client field: only systemd's own, _PID=1, is taken)."""
     for name in ("systemctl", "journalctl"):
         exe = tmp_path / name
         exe.write_text(FAKE_SYSTEMD)

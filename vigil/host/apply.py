@@ -175,12 +175,14 @@ def _systemctl(args: List[str]) -> Json:
 def systemd_account(unit: str, lines: int = 8) -> str:
     """Why systemd says a start failed, in its own words: the unit's result and exit status,
     then systemd's last lines about it ("Main process exited, code=exited,
-    status=219/CGROUP", "Failed at step EXEC spawning ..."). Only systemd's lines
-    (UNIT=): the service's own output can hold what the operator keeps secret."""
+    status=219/CGROUP", "Failed at step EXEC spawning ..."). Only systemd's lines: UNIT=
+    from the process whose _PID (a field journald sets, no client can) is 1. UNIT= alone
+    is a field any client may send: the service's own output, which can hold what the
+    operator keeps secret, or lines it forges to look like systemd's."""
     _, show = run(["systemctl", "show", unit, "-p", "Result", "-p", "ExecMainCode",
                    "-p", "ExecMainStatus"], timeout=60)
     _, said = run(["journalctl", "--no-pager", "-o", "cat", "-n", str(lines),
-                   "UNIT=%s" % unit], timeout=60)
+                   "_PID=1", "UNIT=%s" % unit], timeout=60)
     account = ["  systemd: %s" % " ".join(show.split())] if show else []
     account += ["  | %s" % ln for ln in said.splitlines() if ln.strip()
                 and not ln.startswith("-- ")]
