@@ -659,3 +659,78 @@ def test_a_kept_blob_changed_in_the_store_is_never_sent(tmp_path: Path) -> None:
     with pytest.raises(HostError, match="is not the blob its harvest checked"):
         seed.upload(host, t, store, step, print)
     assert host.reads == 0
+
+
+def test_a_host_that_is_no_seed_source_cannot_quarantine_a_cache_for_the_key(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Issue 33 (minor): quarantine was decided by what any host of the key reported: a
+    hostile host crashing on purpose spoiled the seed for all. Under cache_seed_from
+    only a seed source's crash quarantines; another's refuses the cache for itself."""
+    monkeypatch.setattr(seed, "tmp_root", lambda t: str(tmp_path / "tmp"))
+    (t,) = _targets(tmp_path, """hosts:
+  h9: {address: localhost, connection: local, model: tiny-cpu, service_user: root}
+""").values()
+    root = tmp_path / "cache"
+    _cache(root)
+    t = replace(t, rendered=replace(t.rendered, paths=replace(t.rendered.paths,
+                                                             cache=str(root))))
+    store, said = seed.Store(tmp_path / "caches"), list[str]()
+    m = _manifest(key=seed.key_of(seed.key_fields(t)), source="gpu-1", trust="listed")
+    store.put(m, {})
+    for p in m.parts:
+        store.blob(m.key, p.blob).write_bytes(b"x")
+    step = seed.plan_seed(m, [], root=str(root), tmp=str(tmp_path / "tmp"), user="root")
+    trust = seed.Trust({"h9": frozenset({"gpu-1"})})
+    with LocalTransport("local") as tr:
+        told = seed.after_start(tr, t, store, _outcome("crashed", "compiling",
+                                                       CompileCache(state="hit"), 2000.0),
+                                step, [AOT], said.append, trust=trust)
+    kept = store.get(m.key)
+    assert kept is not None and not kept.bad and kept.refused_by == ("h9",)
+    assert "not seeded here again" in said[-1] and f"dropped here: {AOT}" in said[-1]
+    assert told["quarantined"] is None and told["refused"].startswith("h9's start crashed")
+    assert not (root / AOT).exists()
+    plan = Plan("h9", (Action(ActionKind.RESTART, "unit changed"),), True)
+    assert apply_mod.plan_seed_step(t, plan, store, said.append, [], trust) == plan
+    assert said[-1].endswith("not seeded: h9's start crashed on it before")
+    # the seed source's own crash is the key's word
+    with LocalTransport("local") as tr:
+        seed.after_start(tr, t, store, _outcome("crashed", "compiling",
+                                                CompileCache(state="hit"), 2000.0),
+                         step, [AOT], said.append,
+                         trust=seed.Trust({"h9": frozenset({"gpu-1", "h9"})}))
+    assert store.get(m.key) is not None and store.get(m.key).bad  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("reply", [
+    {"blobs": [{"entry": AOT}]},  # no bytes, no sha256
+    {"blobs": [{"entry": AOT, "bytes": "many", "sha256": "x"}]},
+    {"blobs": "not a list"},
+])
+def test_a_malformed_pack_reply_after_a_ready_start_is_not_kept_never_a_failure(
+        tmp_path: Path, reply: dict[str, Any]) -> None:
+    (t,) = _targets(tmp_path, "hosts:\n  hostile: {address: h.invalid, model: tiny-cpu}\n"
+                    ).values()
+
+    class Host(_HostileHost):
+        def run(self, command: str, **kw: Any) -> Result:
+            if agent_verb(command) == "cache_pack":
+                return Result(json.dumps(reply) + "\n", "", 0)
+            return super().run(command, **kw)
+
+    said: list[str] = []
+    cc = CompileCache(state="miss", seconds=1.0, hashes=(AOT.rsplit("/", 1)[1],))
+    out = seed.after_start(Host(0, b""), t, seed.Store(tmp_path / "caches"),
+                           _outcome("ready", "api_starting", cc, 1000.0), None, [], said.append)
+    assert out["kept"] is None and said[-1].startswith("compile cache: not kept")
+
+
+@pytest.mark.parametrize("started_at", [1e300, -5.0, float("nan")])
+def test_a_manifest_whose_start_is_no_time_is_ignored_with_a_warning(
+        tmp_path: Path, started_at: float) -> None:
+    store = seed.Store(tmp_path)
+    m = _manifest(started_at=started_at)
+    (tmp_path / m.key).mkdir()
+    (tmp_path / m.key / "manifest.json").write_text(json.dumps(m.to_dict()))
+    assert store.get(m.key) is None
+    assert "is not a time" in store.warnings[0]

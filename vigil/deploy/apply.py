@@ -229,6 +229,8 @@ def plan_seed_step(t: Target, plan: Plan, store: seed.Store, say: Callable[[str]
     if m is None or m.bad:
         return plan
     refused = (trust or seed.Trust()).refuses(t.name, m)
+    if refused is None and t.name in m.refused_by:
+        refused = f"{t.name}'s start crashed on it before"
     if refused is not None:
         say(f"compile cache of {m.describe()} not seeded: {refused}")
         return plan

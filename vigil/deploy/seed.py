@@ -18,7 +18,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import math
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -35,6 +34,7 @@ from vigil.transport.remote import call
 from vigil.verify import compile_cache, history
 from vigil.verify.compile_cache import CompileCache
 from vigil.verify.reducer import Verdict
+from vigil.verify.replay import MAX_EPOCH_S
 
 CHUNK = 8 * 1024 * 1024  # bytes per round trip (base64 on the agent's stdin or stdout)
 # A packed entry the controller keeps at most (a host may claim any size): the biggest
@@ -106,6 +106,9 @@ class Manifest:
     # why its source may seed others (Trust): "listed" (cache_seed_from names it) or
     # "canary" (the first host of its rollout); "" for a cache kept before vigil asked
     trust: str = ""
+    # hosts that crashed on it but whose word does not quarantine it (Trust.quarantines):
+    # never seeded there again, still seeded elsewhere
+    refused_by: tuple[str, ...] = ()
 
     @property
     def bytes(self) -> int:
@@ -141,7 +144,8 @@ class Manifest:
                                for p in parts),
                    compile_s=num(data.get("compile_s")),
                    state=str(data.get("state") or "miss"), bad=str(data.get("bad") or ""),
-                   bad_at=num(data.get("bad_at")), trust=str(data.get("trust") or ""))
+                   bad_at=num(data.get("bad_at")), trust=str(data.get("trust") or ""),
+                   refused_by=tuple(str(h) for h in data.get("refused_by") or ()))
 
 
 def tmp_root(t: Target) -> str:
@@ -185,6 +189,13 @@ class Trust:
             return None
         return (f"it was kept before vigil asked who may seed ({m.source} was never marked "
                 "a seed source); the next ready start of a seed source replaces it")
+
+    def quarantines(self, host: str) -> bool:
+        """Whether ``host``'s crash on a seed quarantines it for every host of the key: under
+        the canary rule every host is trusted alike; under cache_seed_from only a seed
+        source's word counts (any other host could crash on purpose to spoil it)."""
+        allowed = self.sources.get(host)
+        return allowed is None or host in allowed
 
     def why_not_kept(self, host: str) -> str:
         if self.sources.get(host) is not None:
@@ -314,7 +325,7 @@ class Store:
         path = self._dir(key) / "manifest.json"
         try:
             m = Manifest.from_dict(json.loads(path.read_text(encoding="utf-8")))
-            if not math.isfinite(m.started_at):
+            if not 0 < m.started_at < MAX_EPOCH_S:
                 raise ValueError(f"started_at {m.started_at} is not a time")
         except FileNotFoundError:
             return None
@@ -349,6 +360,11 @@ class Store:
         bad = replace(m, bad=why, bad_at=now)
         self._write(bad)
         return bad
+
+    def refuse(self, m: Manifest, host: str) -> Manifest:
+        refused = replace(m, refused_by=tuple(sorted({*m.refused_by, host})))
+        self._write(refused)
+        return refused
 
     def _write(self, m: Manifest) -> None:
         d = self._dir(m.key)
@@ -462,6 +478,8 @@ def harvest(transport: Transport, t: Target, store: Store, cc: CompileCache,
     store.root.mkdir(parents=True, exist_ok=True)
     reply = call(transport, t.vars, "cache_pack", {**_roots(t), "entries": fresh},
                  timeout=1800) if fresh else {}
+    if not isinstance(reply.get("blobs", []), list):
+        raise HostError(t.name, "cache_pack: its blobs are not a list")
     packed = [p for p in reply.get("blobs") or [] if isinstance(p, dict)]
     if reply.get("warning"):
         say(f"compile cache: {reply['warning']}")
@@ -479,6 +497,8 @@ def harvest(transport: Transport, t: Target, store: Store, cc: CompileCache,
             files, raw = _checked(pk, into)
             parts[str(pk["entry"])] = Part(entry=str(pk["entry"]), sha256=str(pk["sha256"]),
                                           bytes=size, files=files, bytes_raw=raw)
+        if not parts:
+            raise HostError(t.name, "nothing was packed")
         m = Manifest(key=key_of(fields), fields=fields, source=t.name, started_at=started_at,
                      parts=tuple(parts[e] for e in chosen if e in parts),
                      compile_s=cc.seconds, state=cc.state, trust=trust)
@@ -497,18 +517,31 @@ def harvest(transport: Transport, t: Target, store: Store, cc: CompileCache,
 
 
 def quarantine(transport: Transport, t: Target, store: Store, m: Manifest, seeded: list[str],
-               why: str, say: Say) -> None:
+               why: str, say: Say, trusted: bool = True) -> None:
     """A start crashed loading a seed: never seed it again until a clean compile replaces
-    it, and drop what was seeded here so the next start compiles."""
+    it (``trusted``: the host's word counts for the key, Trust.quarantines; else never
+    here again), and drop what was seeded here so the next start compiles."""
+    if not trusted:
+        store.refuse(m, t.name)
+        dropped = _drop(transport, t, seeded, say)
+        say(f"compile cache of {m.describe()} not seeded here again ({why}); {t.name} is no "
+            f"seed source, so the key keeps it for other hosts; dropped here: "
+            f"{', '.join(dropped) or 'nothing'}")
+        return
     store.quarantine(m, why, time.time())
+    dropped = _drop(transport, t, seeded, say)
+    say(f"compile cache of {m.describe()} QUARANTINED for this key ({why}): not seeded again "
+        f"until a clean compile replaces it; dropped here: {', '.join(dropped) or 'nothing'}")
+
+
+def _drop(transport: Transport, t: Target, seeded: list[str], say: Say) -> list[str]:
     dropped: list[str] = []
     try:
         reply = call(transport, t.vars, "cache_drop", {**_roots(t), "entries": seeded})
         dropped = [str(d) for d in reply.get("dropped") or []]
     except HostError as exc:
         say(f"compile cache: dropping the seeded entries failed: {exc}")
-    say(f"compile cache of {m.describe()} QUARANTINED for this key ({why}): not seeded again "
-        f"until a clean compile replaces it; dropped here: {', '.join(dropped) or 'nothing'}")
+    return dropped
 
 
 def after_start(transport: Transport, t: Target, store: Store, outcome: Any,
@@ -528,8 +561,9 @@ def after_start(transport: Transport, t: Target, store: Store, outcome: Any,
             if m is not None:
                 why = (f"{t.name}'s start crashed in {st.phase} after the seed: "
                        f"{st.cause or 'unknown'}")
-                quarantine(transport, t, store, m, seeded, why, say)
-                out["quarantined"] = why
+                trusted = trust.quarantines(t.name)
+                quarantine(transport, t, store, m, seeded, why, say, trusted=trusted)
+                out["quarantined" if trusted else "refused"] = why
             return out
         if sown is not None and seeded and cc is not None:
             say(f"compile cache seeded from {sown.payload['source']}: {cc.line()}")
@@ -542,6 +576,6 @@ def after_start(transport: Transport, t: Target, store: Store, outcome: Any,
                 return out
             m = harvest(transport, t, store, cc, st.started_at, kept, say, trust=keeps)
             out["kept"] = m.describe() if m is not None else None
-    except (HostError, OSError) as exc:
-        say(f"compile cache: not kept ({exc})")
+    except (HostError, OSError, ValueError, KeyError, TypeError) as exc:  # a host's reply
+        say(f"compile cache: not kept ({exc})")  # is never why a serving host fails
     return out
