@@ -372,7 +372,7 @@ def gpu_facts(python: str) -> Json:
     out: Json = {"nvml": None, "nvml_error": None, "smi_gpus": None, "smi_apps": None}
     if os.path.exists(python):
         try:
-            proc = subprocess.run([python, "-c", NVML_SCRIPT], capture_output=True, text=True,
+            proc = subprocess.run([python, "-I", "-c", NVML_SCRIPT], capture_output=True, text=True,
                                   timeout=60)
             reply = json.loads(proc.stdout) if proc.returncode == 0 else {
                 "error": proc.stderr.strip()[-300:]}

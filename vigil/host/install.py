@@ -252,7 +252,7 @@ TORCH_CUDA = (
 
 def torch_cuda(python: str) -> Json:
     try:
-        code, out = run([python, "-c", TORCH_CUDA], timeout=300)
+        code, out = run([python, "-I", "-c", TORCH_CUDA], timeout=300)
     except (OSError, subprocess.SubprocessError) as exc:
         return {"available": False, "error": _err(exc)}
     try:
@@ -302,7 +302,7 @@ def vllm_flags(env_dir: str, compute: bool = True) -> Optional[Json]:
     with tempfile.TemporaryDirectory(prefix="vigil-flags-") as home:
         env = dict(os.environ, HOME=home, XDG_CACHE_HOME=os.path.join(home, ".cache"))
         try:
-            proc = subprocess.run([python, "-c", VLLM_FLAGS], capture_output=True, text=True,
+            proc = subprocess.run([python, "-I", "-c", VLLM_FLAGS], capture_output=True, text=True,
                                   env=env, timeout=600)
         except (OSError, subprocess.SubprocessError) as exc:
             return {"error": _err(exc)}
@@ -330,7 +330,7 @@ def import_errors(python: str, modules: List[str]) -> Dict[str, Optional[str]]:
             if not re.match(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*\Z", str(module)):
                 out[str(module)] = "not a module name"
                 continue
-            proc = subprocess.run([python, "-c", "import importlib, sys; "
+            proc = subprocess.run([python, "-I", "-c", "import importlib, sys; "
                                    "importlib.import_module(sys.argv[1])", module],
                                   capture_output=True, text=True, env=env, timeout=600)
             lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
