@@ -436,3 +436,25 @@ def test_a_role_still_owns_its_own_services_and_timers(roles_dir: Path, inv_dir:
         "        {template: t.j2, dest: /etc/systemd/system/vigil-gpu-exporter.timer}]\n"
         "enable: [gpu-exporter.service, vigil-gpu-exporter.timer]\n")
     assert "gpu-exporter" in inventory.load(inv_dir, roles_dir).roles
+
+
+def test_render_masks_secrets_at_any_depth_and_keeps_a_role_files_mode(
+        roles_dir: Path, inv_dir: Path, tmp_path: Path) -> None:
+    """Issue 33 (minor): overrides.env.HF_TOKEN and a role default named *_token were
+    printed by render; a 0600 role file was written 0644 under --out."""
+    mine = roles_dir / "hub"
+    (mine / "templates").mkdir(parents=True)
+    (mine / "templates" / "t.j2").write_text("token={{ hub_token }}\n")
+    (mine / "defaults.yml").write_text("hub_token: hub-role-secret\nhub_port: 7\n")
+    (mine / "role.yml").write_text(
+        "files: [{template: t.j2, dest: /etc/vigil/hub/hub.conf, mode: '0600'}]\n")
+    inv = inventory.load(inv_dir, roles_dir)
+    (t,) = resolve(inv, "llm-one", model="glm-5", operator_env=ENV, require_secrets=False,
+                   sets=["roles=[runtime,service,hub]",
+                         'overrides={"env": {"HF_TOKEN": "hf_nested_secret", "A": "1"}}'])
+    shown = "\n".join(review.variables(t))
+    assert "hf_nested_secret" not in shown and "hub-role-secret" not in shown
+    assert '"HF_TOKEN": "***"' in shown and 'hub_token' in shown and '"A": "1"' in shown
+    review.write_files(t, tmp_path / "out")
+    conf = tmp_path / "out" / "hub" / "etc/vigil/hub/hub.conf"
+    assert oct(conf.stat().st_mode & 0o777) == "0o600"

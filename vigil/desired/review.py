@@ -35,7 +35,8 @@ def write_files(t: Target, out: Path) -> list[str]:
     for role in t.roles:
         for f in role.files:
             path = out / role.name / f.dest.lstrip("/")
-            _write(out, path, f.content, 0o644)
+            # the role's own mode, never wider than 0755 (a 0600 file stays the owner's)
+            _write(out, path, f.content, int(f.mode, 8) & 0o755)
             written.append(f"{path}  (-> {f.dest}, mode {f.mode}, owner {f.owner})")
     return written
 
@@ -60,10 +61,21 @@ def _write(out: Path, path: Path, text: str, mode: int) -> None:
                           "link in the way") from None
 
 
+def masked(key: str, value: object, secrets: frozenset[str]) -> object:
+    """A value as render may show it: a secret's name (declared in secret_env, or
+    ``*_TOKEN``, ``*_PASSWORD``, …) masks its value at any depth (``overrides.env.HF_TOKEN``,
+    a role default ``hub_token``)."""
+    if is_secret(key, secrets):
+        return MASK
+    if isinstance(value, Mapping):
+        return {k: masked(str(k), v, secrets) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [masked("", v, secrets) for v in value]
+    return value
+
+
 def _shown(key: str, value: object, secrets: frozenset[str]) -> str:
-    if key == "env" and isinstance(value, dict):
-        value = {k: MASK if is_secret(k, secrets) else v for k, v in value.items()}
-    return json.dumps(value, sort_keys=True, default=str)
+    return json.dumps(masked(key, value, secrets), sort_keys=True, default=str)
 
 
 def origin_of(key: str, value: object, origin: Mapping[str, str]) -> str:
