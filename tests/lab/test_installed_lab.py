@@ -67,7 +67,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     built = run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(dist),
                  str(source)], cwd=work)
     assert built.returncode == 0, built.stderr
-    (wheel,) = dist.glob("vigil-*.whl")
+    (wheel,) = dist.glob("vigil_vllm-*.whl")  # the distribution vigil-vllm (issue 29.2)
     venv = work / "venv"
     assert run([PYTHON, "-m", "venv", str(venv)], cwd=work).returncode == 0
     pip = run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q",
@@ -105,6 +105,9 @@ def test_the_installed_wheel_carries_the_tool_and_nothing_of_the_checkout(
     assert ours <= {p.relative_to(package) for p in package.rglob("*.py")}
     version = run([str(installed / "vigil"), "--version"], cwd=installed)
     assert version.returncode == 0 and version.stdout.startswith("vigil "), version.stdout
+    assert "0.0.0+source" not in version.stdout  # the version of the installed vigil-vllm
+    shown = run([str(installed / "python"), "-m", "pip", "show", "vigil-vllm"], cwd=installed)
+    assert shown.returncode == 0 and "Name: vigil-vllm" in shown.stdout, shown.stdout
     listed = run([str(installed / "vigil"), "--list"], cwd=installed)
     assert "deploy" in listed.stdout and "lab.up" not in listed.stdout
     typo = run([str(installed / "vigil"), "deplyo"], cwd=installed)

@@ -186,3 +186,42 @@ def test_the_docs_show_the_first_deploy() -> None:
     assert [a[0] for a in shown][:6] == ["init", "render", "preflight", "deploy", "deploy",
                                          "verify"]
     assert ["deploy", "--hosts", "gpu-01", "--check"] in shown
+
+
+# `vigil` on the package index is an unrelated 2016 sdist, and PEP 440 matches a pin
+# vigil==0.1.0 to its 0.1 (issue 29.2): vigil is installed as vigil-vllm, everywhere.
+WRONG_INSTALL = re.compile(
+    r"""(?:pipx install|uv tool install|pip install)(?:\s+-\S+)*\s+["']?vigil(?![-\w])"""
+    r"""|["'\s]vigil(?:==|>=|~=)""")
+
+
+def test_the_distribution_is_vigil_vllm_and_vigil_knows_its_own_name() -> None:
+    import tomllib
+    from importlib import metadata
+
+    import vigil
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert project["name"] == vigil.DISTRIBUTION == "vigil-vllm"
+    assert project["scripts"] == {"vigil": "vigil.cli:main"}  # the command stays vigil
+    # this environment's install (./dev setup: editable) is found by that name
+    assert metadata.version(vigil.DISTRIBUTION) == vigil.__version__ == project["version"]
+
+
+@pytest.mark.parametrize("path", [*PAGES, *sorted((REPO / "vigil" / "scaffold").rglob("*")),
+                                  REPO / "dev", REPO / ".ci" / "run"],
+                         ids=lambda p: str(p.relative_to(REPO)))
+def test_nothing_installs_vigil_by_the_name_that_is_someone_elses(path: Path) -> None:
+    if not path.is_file():
+        return
+    found = WRONG_INSTALL.search(path.read_text())
+    assert found is None, f"{path.relative_to(REPO)}: {found.group(0)!r}: vigil-vllm"
+
+
+def test_the_wrong_install_pattern_sees_each_old_line() -> None:
+    for old in ('pipx install vigil', 'pip install "vigil==$VIGIL_VERSION"',
+                'pip install -q "vigil==1"', 'uv tool install vigil  # x', ' vigil>=0.1'):
+        assert WRONG_INSTALL.search(old), old
+    for ok in ('pipx install vigil-vllm', 'pip install -q --only-binary=:all: "vigil-vllm==1"',
+               'pip install .', 'vigil --version'):
+        assert not WRONG_INSTALL.search(ok), ok

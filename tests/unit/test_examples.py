@@ -83,8 +83,10 @@ def test_every_invoke_command_exists_with_its_flags(path: Path) -> None:
     assert rolls and all(a.get("junit") for a in rolls)  # published
     assert any(a["task"] == "verify" for a in parsed)
     text = path.read_text()
-    assert 'pip install -q "vigil==$VIGIL_VERSION"' in text or \
-        'pip install "vigil==$VIGIL_VERSION"' in text  # from a pin, not a vendored checkout
+    # from an exact pin of vigil's own distribution, wheels only: never a vendored
+    # checkout, never "vigil" (another project on the index, issue 29.2)
+    assert 'pip install --only-binary=:all: "vigil-vllm==$VIGIL_VERSION"' in text or \
+        'pip install -q --only-binary=:all: "vigil-vllm==$VIGIL_VERSION"' in text
     assert "{vigil_version}" in text  # vigil init writes its own version there
     if "jobs" in doc:  # GitHub: a stock runner's Python, the reports published
         assert "actions/setup-python@" in text and "action-junit-report@" in text
@@ -95,3 +97,36 @@ def test_the_checker_catches_a_wrong_flag_and_a_wrong_task() -> None:
         parse(invoke_commands(".venv/bin/invoke deploy --hosts x --serail 25%")[0])
     with pytest.raises(ParseError):
         parse(invoke_commands("invoke deploi --hosts x")[0])
+
+
+SECRETS = ("HF_TOKEN", "SSH_KEY", "VLLM_API_KEY")
+
+
+def test_the_github_recipe_gives_each_secret_only_to_the_steps_that_use_it() -> None:
+    """Issue 29.2: a workflow-wide HF_TOKEN was in the environment of `pip install`."""
+    path = REPO / "vigil" / "scaffold" / "ci" / "github-actions.yml"
+    doc = yaml.safe_load(path.read_text())
+    assert "secrets." not in str(doc.get("env")), "a secret in the workflow's env"
+    (job,) = doc["jobs"].values()
+    assert "secrets." not in str(job.get("env")), "a secret in the job's env"
+    steps = job["steps"]
+    for step in steps:
+        env = str(step.get("env") or "")
+        run = str(step.get("run") or "")
+        if "pip install" in run:
+            assert "secrets." not in env and "secrets." not in run, step
+        if "secrets.HF_TOKEN" in env:
+            assert "vigil deploy" in run, step  # deploy writes it into the unit's env file
+    given = [s for s in steps if "secrets.HF_TOKEN" in str(s.get("env"))]
+    deploys = [s for s in steps if "vigil deploy" in str(s.get("run"))]
+    assert given == deploys  # the plan (--check renders the env file) and each deploy
+
+
+def test_the_gitlab_recipe_installs_with_no_secret_and_scopes_the_jobs() -> None:
+    path = REPO / "vigil" / "scaffold" / "ci" / "gitlab-ci.yml"
+    doc = yaml.safe_load(path.read_text())
+    (install,) = [ln for ln in doc["default"]["before_script"] if "pip install" in ln]
+    assert install.startswith("env -u HF_TOKEN -u SSH_KEY pip install"), install
+    jobs = {k: v for k, v in doc.items() if isinstance(v, dict) and "script" in v}
+    assert jobs and all(j["environment"]["name"] == "fleet" for j in jobs.values())
+    assert "secret" not in str(doc.get("variables")).lower()
