@@ -554,6 +554,26 @@ def test_a6_redact_hides_url_credentials(url: str, shown: str) -> None:
     assert agent.redact(url) == shown
 
 
+@pytest.mark.parametrize("line, shown", [
+    ("Looking in indexes: https://pkgs.corp/simple/tk_2f9a8/, https://h2/s",
+     "Looking in indexes: https://pkgs.corp/***/, https://h2/***"),
+    ("ERROR: 404 for url: https://pkgs.corp/simple/tk_2f9a8/vllm/",
+     "ERROR: 404 for url: https://pkgs.corp/***/vllm/"),
+    ("GET https://u:p@pkgs.corp/simple/tk_2f9a8 failed", "GET https://pkgs.corp/*** failed"),
+    ("fetching https://idx.corp/simple/torch/?auth=tk_2f9a8 …",
+     "fetching https://idx.corp/simple/torch/?*** …"),
+])
+def test_an_index_urls_path_or_query_token_is_redacted_in_install_tails(
+        line: str, shown: str) -> None:
+    """Issue 33 (minor): a token in an index URL's path (Gemfury's /simple/<token>/) or
+    query was printed in install tails: pip redacts only user:password@."""
+    from tests.agent_payload import agent
+
+    configured = ["https://u:p@pkgs.corp/simple/tk_2f9a8/", "https://h2/s"]
+    assert agent.redact(line, configured) == shown
+    assert "tk_2f9a8" not in agent.redact(line, configured)
+
+
 # -- 13, 16. the deploy lock: rollback takes it; a lost lock stops the deploy -----------------
 
 # Run on the lab host: SIGKILL the sshd session processes of the connection whose `cat`

@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from vigil.host.common import O_NOFOLLOW, Json, _err, read_text, run, tail
 from vigil.host.files import write_atomic
@@ -197,16 +197,17 @@ def install_env(action: Json) -> Json:
             + ["-r", lock],
         ]
         uninstall = pip + ["uninstall", "-y"]
+    urls = [u for u in [index] + list(action.get("extra_index_urls", [])) if u]
     for cmd in steps:
         code = run_logged(cmd, log, env)
         if code != 0:
             shutil.rmtree(env_dir, ignore_errors=True)
             missing = missing_from_index(read_text(log) or "")
-            error = "exit %d: %s" % (code, redact(" ".join(cmd[:7])))
+            error = "exit %d: %s" % (code, redact(" ".join(cmd[:7]), urls))
             if missing:
                 error = "the package index has no %s (%s)" % (", ".join(missing), error)
-            return {"ok": False, "error": error, "missing": missing,
-                    "log": log, "tail": redact(tail(log)), "installer": "uv" if uv else "pip"}
+            return {"ok": False, "error": error, "missing": missing, "log": log,
+                    "tail": redact(tail(log), urls), "installer": "uv" if uv else "pip"}
     if action.get("remove"):
         run_logged(uninstall + action["remove"], log, env)
     installed_s = time.monotonic() - started
@@ -340,11 +341,31 @@ def import_errors(python: str, modules: List[str]) -> Dict[str, Optional[str]]:
 
 
 URL_CREDENTIALS = re.compile(r"(\w[\w+.-]*://)[^/@\s]+@")
+URL_QUERY = re.compile(r"(\w[\w+.-]*://[^\s?#'\"]+)\?[^\s'\"]+")
 
 
-def redact(text: str) -> str:
-    """user:token@ in any URL -> ***@ (what pip itself prints is already redacted)."""
-    return URL_CREDENTIALS.sub(r"\1***@", text)
+def _url_secrets(urls: Sequence[str]) -> List[Tuple[str, str]]:
+    """(what to find, what to show) for each configured index URL with a path or a query:
+    a token may be a path segment (``/simple/<token>/``) as well as user:token@, so the
+    whole URL past its host is masked wherever it shows."""
+    out: List[Tuple[str, str]] = []
+    for url in urls:
+        m = re.match(r"(\w[\w+.-]*://)(?:[^/@\s]+@)?([^/?#\s]+)(.*)\Z", url)
+        if not m or m.group(3).strip("/") == "":
+            continue
+        bare = m.group(1) + m.group(2) + m.group(3)  # without user:token@
+        shown = m.group(1) + m.group(2) + "/***"
+        for found in {url, url.rstrip("/"), bare, bare.rstrip("/")}:
+            out.append((found, shown + "/" * found.endswith("/")))
+    return sorted(out, key=lambda p: -len(p[0]))  # the longest first
+
+
+def redact(text: str, urls: Sequence[str] = ()) -> str:
+    """A configured index URL's path and query (``urls``) -> ***, user:token@ in any URL ->
+    ***@, any URL's query -> ?*** (what pip itself prints redacts only user:token@)."""
+    for found, shown in _url_secrets(urls):
+        text = text.replace(found, shown)
+    return URL_QUERY.sub(r"\1?***", URL_CREDENTIALS.sub(r"\1***@", text))
 
 
 def run_logged(cmd: List[str], log: str, env: Dict[str, str]) -> int:
