@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from tests.paths import FIXTURES
-from vigil.verify import replay
+from vigil.verify import reducer, replay
+from vigil.verify.budgets import Budgets
+from vigil.verify.snapshot import Journal, LogLine, Snapshot
 
 HERE = FIXTURES / "real-logs"
 
@@ -281,3 +283,121 @@ def test_no_real_log_times_out() -> None:
     # Replay decides ready when the evidence appears; budgets only annotate.
     for r in ALL:
         assert _got(r)[0] != "timed_out", r["file"]
+
+
+# -- issue 28.3: a crash keeps the phase it died in ------------------------------------
+
+# The seventeenth harvest (issue 28), labelled blind before vigil ran on it: 17/32 with the
+# rules frozen, 21/32 after 28.1/28.2, 22/32 after 28.3.
+HERE17 = FIXTURES / "real-logs-17"
+with (HERE17 / "CASES.tsv").open() as _fh:
+    HARVEST17 = [{**r, "file": str(HERE17 / r["file"])}
+                 for r in csv.DictReader(_fh, delimiter="\t")]
+ALL17 = ALL + HARVEST17
+
+
+def test_the_seventeenth_harvest_does_not_regress() -> None:
+    both = sum(_got(r)[:2] == (r["expected_verdict"], r["expected_cause"]) for r in HARVEST17)
+    assert both >= 22, f"{both}/{len(HARVEST17)}"  # 22 since 28.3 (TPU glog OOM)
+
+
+# Crashes whose log does not show the phase its label names (each read by hand).
+PHASE_NOT_SHOWN = PHASE_NOT_IN_LOG | {
+    # frames-only excerpts whose vLLM frames stop above the phase (model construction's
+    # rotary embedding, a weights download's disk error): engine_init is what they prove
+    "qwen3-asr-15-enginecore-flash-attn-so-import-error.log",
+    "tpu-recipes-148-ironwood-download-weights-frames-disk.log",
+    # the DP-rank line (the end of initialize_model_parallel) is the last before the cut
+    # traceback: distributed_init by the log, engine_init by the label
+    "gpustack-2097-rtx5090d-v1-enginecore-failed-root-cut.log",
+    # undecided (a club-3090 wording seen once) and a custom log format whose serving
+    # lines the excerpt lacks
+    "club3090-1036-missing-shard-in-index.log",
+    "vllm-11366-custom-format-illegal-memory-serving.log",
+}
+CRASHES_WITH_PHASE = [r for r in ALL17 if r["expected_verdict"] == "crashed"
+                      and r["last_phase"] != "-"
+                      and Path(r["file"]).name not in PHASE_NOT_SHOWN]
+
+
+@pytest.mark.parametrize("row", CRASHES_WITH_PHASE, ids=lambda r: Path(r["file"]).name)
+def test_every_corpus_crash_reports_the_phase_its_root_error_was_raised_in(
+        row: dict[str, str]) -> None:
+    assert _got(row)[2] == row["last_phase"]
+
+
+# The API server's unwinding of an engine core that died starting (vLLM 0.15.1, verbatim
+# from real-logs-15's clawd journal): run_server → run_server_worker →
+# build_async_engine_client → … → wait_for_engine_startup's RuntimeError. run_server_worker
+# builds the engine client, so its frame is in every such unwinding.
+_UNWINDING = [
+    "(APIServer pid=14452) Traceback (most recent call last):",
+    '(APIServer pid=14452)   File "/v/bin/vllm", line 6, in <module>',
+    "(APIServer pid=14452)     sys.exit(main())",
+    '(APIServer pid=14452)   File "/v/site-packages/vllm/entrypoints/cli/main.py", line 73, '
+    "in main",
+    '(APIServer pid=14452)   File "/v/site-packages/vllm/entrypoints/cli/serve.py", line 111, '
+    "in cmd",
+    "(APIServer pid=14452)     uvloop.run(run_server(args))",
+    '(APIServer pid=14452)   File "/v/site-packages/vllm/entrypoints/openai/api_server.py", '
+    "line 919, in run_server",
+    "(APIServer pid=14452)     await run_server_worker(listen_address, sock, args, "
+    "**uvicorn_kwargs)",
+    '(APIServer pid=14452)   File "/v/site-packages/vllm/entrypoints/openai/api_server.py", '
+    "line 938, in run_server_worker",
+    "(APIServer pid=14452)     async with build_async_engine_client(",
+    '(APIServer pid=14452)   File "/v/site-packages/vllm/entrypoints/openai/api_server.py", '
+    "line 147, in build_async_engine_client",
+    '(APIServer pid=14452)   File "/v/site-packages/vllm/v1/engine/async_llm.py", line 155, '
+    "in __init__",
+    '(APIServer pid=14452)   File "/v/site-packages/vllm/v1/engine/core_client.py", line 479, '
+    "in __init__",
+    '(APIServer pid=14452)   File "/v/site-packages/vllm/v1/engine/utils.py", line 933, in '
+    "launch_core_engines",
+    '(APIServer pid=14452)   File "/v/site-packages/vllm/v1/engine/utils.py", line 992, in '
+    "wait_for_engine_startup",
+    "(APIServer pid=14452)     raise RuntimeError(",
+    "(APIServer pid=14452) RuntimeError: Engine core initialization failed. See root cause "
+    "above. Failed core proc(s): {}",
+    "(APIServer pid=14452) /usr/lib/python3.12/multiprocessing/resource_tracker.py:279: "
+    "UserWarning: resource_tracker: There appear to be 1 leaked shared_memory objects",
+]
+
+
+def _crash_poll(path: Path) -> tuple[reducer.WatchState, Snapshot, reducer.WatchState] | None:
+    """The state before the poll that decided a crash, that poll, and the state after."""
+    budgets = Budgets()
+    st = reducer.initial()
+    for snap in replay.stream(path)[1]:
+        nxt = reducer.step(st, snap, budgets, log_only=True)
+        if nxt.verdict == reducer.Verdict.CRASHED:
+            return st, snap, nxt
+        if nxt.verdict in reducer.TERMINAL:
+            return None
+        st = nxt
+    return None
+
+
+CRASHED_LOGS = [r for r in ALL17 if r["expected_verdict"] == "crashed"]
+
+
+def test_the_api_servers_unwinding_never_moves_a_crash_on() -> None:
+    # Every corpus crash, with the API server's unwinding arriving in the same poll as the
+    # error it died of (as it does live: journald hands both over at once), keeps the
+    # phase it had without it; unwinding is not progress.
+    budgets = Budgets()
+    checked = 0
+    for row in CRASHED_LOGS:
+        got = _crash_poll(HERE / row["file"])
+        if got is None:
+            continue
+        before, snap, alone = got
+        us = max((x.us for x in snap.journal.lines), default=0)
+        lines = (*snap.journal.lines, *(LogLine(us=us, text=t) for t in _UNWINDING))
+        unwound = reducer.step(before, snap.model_copy(update={"journal": Journal(lines=lines)}),
+                               budgets,
+                               log_only=True)
+        assert unwound.verdict == reducer.Verdict.CRASHED, row["file"]
+        assert unwound.phase == alone.phase, row["file"]
+        checked += 1
+    assert checked >= 220

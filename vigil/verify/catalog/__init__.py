@@ -34,6 +34,7 @@ from vigil.verify.catalog.classify import (
     is_traceback_link,
     remedy_for,
     role_of,
+    runs_in,
     wraps_another,
 )
 from vigil.verify.catalog.lines import (
@@ -97,6 +98,7 @@ __all__ = [
     "phase_index",
     "remedy_for",
     "role_of",
+    "runs_in",
     "start_line",
     "strip_ansi",
     "wraps_another",

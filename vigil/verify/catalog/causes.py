@@ -101,8 +101,9 @@ CAUSES: tuple[Cause, ...] = (
          # reserves HBM ("Attempting to reserve 1.04G at the bottom of memory. That was not
          # possible"); vllm#8318, #16521, GKE #1467, tpu-recipes#151
          r"RESOURCE_EXHAUSTED: .{0,300}?(?:[Rr]an out of memory in memory space"
-         r"|Attempting to (?:allocate|reserve) \S{1,20}(?: at the bottom of memory)?\. "
-         r"That was not possible"
+         # (the status code and the size are the proof: a paste may cut "That was not
+         # possible", marin#2387's glog E line of TpuClient::AllocateBuffer)
+         r"|Attempting to (?:allocate|reserve) \S{1,20}(?: at the bottom of memory)?\."
          r"|[Oo]ut of memory)",
          # AWS Neuron's runtime (libnrt's TDRV allocator, its own log format; status 4 is
          # NRT_RESOURCE): "TDRV:log_dev_mem  Failed to allocate 43.3MB (usage: dma rings) on

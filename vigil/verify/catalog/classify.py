@@ -184,6 +184,12 @@ def is_traceback_link(text: str) -> bool:
     return CHILD_DIED.match(msg) is not None or _FRAME_ANY.match(msg) is not None or \
         msg == "Traceback (most recent call last):"
 
+def runs_in(msg: str) -> bool:
+    """A line that names code that was running (a traceback frame, a V0 worker wrapper
+    naming the method that failed): its phase is where the start still was, even after
+    that phase's end marker."""
+    return _FRAME_ANY.match(msg) is not None or _WORKER_METHOD.search(msg) is not None
+
 # torch's CUDA graph capture (torch.cuda.graph's context, CUDAGraph.capture_begin/end):
 # only vLLM's graph capture runs it at startup, so its frames prove the capture phase
 # even where a paste keeps no vLLM frame below them (vllm#19186, #18446).
@@ -198,7 +204,15 @@ _TORCH_RENDEZVOUS = re.compile(
     r'^File "[^"]{0,400}torch[/\\]distributed[/\\](?:distributed_c10d|rendezvous)\.py", '
     r"line \d+, in (?:init_process_group|_tcp_rendezvous_handler|_create_c10d_store)\b")
 
+# torch.compile's own log records (torch._logging's glog-style prefix names the module:
+# "E0701 14:28:21.083000 911603 torch/_inductor/runtime/triton_heuristics.py:539] …"):
+# at startup only vLLM's compile of the model runs Dynamo and Inductor (nixpkgs#406675).
+_TORCH_COMPILE_SOURCE = ("torch/_inductor/", "torch/_dynamo/")
+
+
 def _reached(line: Line, msg: str) -> str | None:
+    if line.source is not None and line.source.startswith(_TORCH_COMPILE_SOURCE):
+        return "compiling"
     if _TORCH_CAPTURE.match(msg):
         return "capturing_graphs"
     if _TORCH_RENDEZVOUS.match(msg):

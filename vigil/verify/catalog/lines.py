@@ -62,6 +62,16 @@ _SOURCE_LAST = re.compile(
     r"^(?P<pre>[^\[\]]{0,120}?)\[(?P<source>[\w.\-/]{1,120}\.py:\d{1,6})\]\s?(?P<msg>.*)$",
     re.DOTALL)
 
+# glog's prefix, which C++ runtimes (XLA/TSL on TPU, torch's c10) and torch's own Python
+# logging (torch._logging: inductor, dynamo, distributed) write: "Lmmdd hh:mm:ss.uuuuuu
+# threadid file:line] msg", L one of I W E F (glog's LogMessage; torch._logging's
+# _default_formatter). Torch may add a compile id ("[0/0] ") before the message.
+_GLOG = re.compile(
+    r"^(?P<lvl>[IWEF])(?P<mo>[01]\d)(?P<day>[0-3]\d) (?P<hms>\d\d:\d\d:\d\d)(?:\.\d{1,9})? {1,8}"
+    r"\d{1,10} (?P<source>[^\s\]]{1,300}:\d{1,6})\] ?(?:\[\d{1,6}/\d{1,6}\](?:_\d{1,6})? )?"
+    r"(?P<msg>.*)$", re.DOTALL)
+_GLOG_LEVEL = {"I": "INFO", "W": "WARNING", "E": "ERROR", "F": "CRITICAL"}
+
 _LEVEL_WORD = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)\b")
 
 @dataclass(frozen=True)
@@ -138,6 +148,11 @@ def parse_line(text: str) -> Line:
     if m is None:  # pragma: no cover - the pattern matches any string
         return Line(None, None, None, None, None, clean.strip())
     if m.group("level") is None and m.group("proc") is None:
+        gm = _GLOG.match(clean) if clean[:1] in "IWEF" else None
+        if gm is not None:
+            return Line(None, None, _GLOG_LEVEL[gm.group("lvl")],
+                        f"{gm.group('mo')}-{gm.group('day')} {gm.group('hms')}",
+                        gm.group("source"), gm.group("msg").strip())
         # A custom logging format (VLLM_LOGGING_CONFIG_PATH, a wrapper's logger) moves the
         # fields around but keeps vLLM's `[file.py:N]` source last: the level is a word
         # before it ("2024-12-19 21:40:35 ERROR 56542 [async_llm_engine.py:64] msg").

@@ -224,7 +224,11 @@ PHASE_RECORDS: tuple[Phase, ...] = (
             _mk("uvicorn_waiting", "progress", r"Waiting for application startup\."),
             _mk("app_startup_complete", "end", r"Application startup complete\."),
         ),
-        frames=frozenset({"serve_http", "run_server_worker"}),
+        # serve_http runs once the engine client is built; not run_server_worker, which
+        # builds the engine client itself (`async with build_async_engine_client(…)`, every
+        # release since 0.6): its frame is on every API server's unwinding of an engine
+        # that died starting, so it proves bootstrap only
+        frames=frozenset({"serve_http"}),
     ),
     # Serving evidence seen, /health + a completion not yet proven (live only). The
     # engine's serving loops (V1 run_busy_loop, V0 run_engine_loop/engine_step) only run

@@ -159,6 +159,13 @@ def _fold_lines(st: WatchState, snap: Snapshot, now: float) -> tuple[_Fold, Watc
                                  "chain", t, after_stop=f.st.stop_asked))
         if m.reached is not None and f.st.verdict != Verdict.READY:
             f.phase_changed |= _advance(f.spans, m.reached, t)
+            cur = f.spans[-1]
+            if cur.end is not None and m.reached == cur.name \
+                    and catalog.runs_in(m.line.message):
+                # Code of the phase its end marker closed was still running (a frame, a
+                # worker's failed method): the error was raised inside it (V0 logs "# GPU
+                # blocks" before initialize_cache allocates them), not in the next phase.
+                f.spans[-1] = replace(cur, end=None)
         if m.kind in ("fatal", "serving", "marker") or m.reached is not None:
             f.st = replace(f.st, begun=True)
         # A line stamped before this start is the previous run's (a restart's journal
