@@ -2197,3 +2197,21 @@ def test_i21_15_replay_prints_the_ignored_line_as_one_warning(
     seen = capsys.readouterr()
     assert seen.err.count("warning: ") == 1 and "runs backwards" in seen.err
     assert "Traceback" not in seen.err
+
+
+def test_a_host_repeating_its_lock_wait_is_said_to_wait_once(tmp_path: Path) -> None:
+    """Issue 33 (minor): a host answering the lock with WAIT 100,000 times printed the
+    wait 100,000 times (and any text it liked as the holder)."""
+    from vigil.transport.local import LocalTransport
+    from vigil.transport.lock import host_lock
+
+    class Flooding(LocalTransport):
+        def hold(self, command: str) -> Any:
+            return super().hold("yes $'WAIT \\x1b[2Jevil' | head -20000; echo LOCKED; "
+                                "sleep 60")
+
+    said: list[str] = []
+    with host_lock(Flooding("here"), HostVars(connection="local"), str(tmp_path / "l"),
+                   "me", 5, said.append):
+        pass
+    assert said == ["waiting up to 5 s for the deploy lock held by [2Jevil"]

@@ -144,3 +144,32 @@ def test_an_agent_call_reports_progress_and_keeps_it_out_of_errors() -> None:
 
 def test_the_joined_agent_follows_its_installer() -> None:
     assert agent.run_logged.__globals__["follow"] is agent.follow
+
+
+@pytest.mark.parametrize("told", [
+    {"stage": "downloading", "fetched": "abc", "bytes": 1e400},
+    {"stage": "downloading", "fetched": 10**400, "total": float("nan")},
+    {"stage": "resolving", "collected": -3, "current": "\x1b[2Jtorch\n" * 1000},
+    {"stage": ["not", "text"], "installed": {}},
+])
+def test_a_hostile_progress_report_is_read_as_words_never_a_crash(
+        told: dict[str, object]) -> None:
+    """Issue 33 (minor): {"fetched": "abc"}, 1e400 or a 400-digit size in a progress line
+    was 'a bug in vigil' and left the install running."""
+    words = shown.describe(told)
+    assert words.startswith("install: ") and "\x1b" not in words and len(words) < 300
+
+
+def test_a_200k_deep_progress_line_is_no_progress() -> None:
+    assert remote.progress_of(remote.PROGRESS_MARK + "[" * 200_000) is None
+
+
+def test_a_flood_of_progress_lines_is_said_once_per_interval_and_each_stage_at_once() -> None:
+    said: list[str] = []
+    now = [0.0]
+    told = shown.Told(said.append, every=2.0, clock=lambda: now[0])
+    for i in range(200_000):
+        now[0] = i * 1e-4  # 20 s of lines
+        told({"stage": "downloading", "fetched": i})
+    told({"stage": "installing", "total": 140})
+    assert 9 <= len(said) <= 12 and said[-1] == "install: installing 140 packages"

@@ -100,7 +100,7 @@ def apply_install(
     say(f"installing {t.stack.name} into {env_dir} (minutes)")
     request = {**agent_request(t), "actions": [install.wire()]}
     (res,) = call(transport, t.vars, "apply", request, timeout=3600,
-                  on_progress=lambda p: say(progress.describe(p)))["results"]
+                  on_progress=progress.Told(say))["results"]
     problems = verify_install(t.stack, res, t.rendered.argv)
     if problems:
         if res.get("ok"):  # built but refused: the plan's discard removes it

@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import select
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 
 from vigil.errors import (
@@ -18,13 +20,25 @@ from vigil.transport.base import Closing, Result
 class _LocalHeld:
     def __init__(self, proc: subprocess.Popen[str]) -> None:
         self.proc = proc
+        self.buffer = b""
 
     def readline(self, timeout: float) -> str | None:
+        """The next line; None when none came within ``timeout``, "" at the end. Read from
+        the descriptor into a buffer of our own: select() on a buffered reader blocks
+        while lines it already holds wait unread (a host that sends many at once)."""
         assert self.proc.stdout is not None
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
-        if not ready:
-            return None
-        return self.proc.stdout.readline()
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buffer:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            self.buffer += chunk
+        line, nl, self.buffer = self.buffer.partition(b"\n")
+        return (line + nl).decode(errors="replace")
 
     def alive(self) -> bool:
         return self.proc.poll() is None

@@ -58,6 +58,7 @@ def host_lock(
     held = transport.hold(privileged(script, host, transport))
     try:
         deadline = time.monotonic() + timeout + 30
+        told = False  # the wait is said once: the script says WAIT once; a host may repeat it
         while True:
             line = held.readline(timeout=max(1.0, deadline - time.monotonic()))
             if line is None or line == "":
@@ -71,9 +72,11 @@ def host_lock(
             line = line.strip()
             if line == "LOCKED":
                 break
-            if line.startswith("WAIT"):
-                holder = line[4:].strip() or "another deploy"
-                on_wait(f"waiting up to {timeout:.0f} s for the deploy lock held by {holder}")
+            if line.startswith("WAIT") and not told:
+                told = True
+                holder = "".join(c for c in line[4:].strip()[:200] if c.isprintable())
+                on_wait(f"waiting up to {timeout:.0f} s for the deploy lock held by "
+                        f"{holder or 'another deploy'}")
             elif line == "TIMEOUT":
                 held.release()
                 raise LockTimeoutError(
