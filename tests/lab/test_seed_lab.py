@@ -140,3 +140,33 @@ def test_a_start_that_crashes_loading_a_seed_quarantines_it_for_its_key(
     sh("lab4", CLEAR)
     res, _ = deploy("lab4", state, "--restart", "--check")
     assert "seed_cache" not in res.stdout and "is quarantined" in res.stdout, res.stdout
+
+
+def test_a_hostile_hosts_planted_cache_file_never_reaches_another_host(
+        ours: list[str], state: Path) -> None:
+    """Issue 33.2, live: lab4's service user plants Python in the very entry its next start
+    writes (the key's graph directory, as a compromised vLLM would); with cache_seed_from
+    naming lab3 only, lab4's ready start is not kept, the key's kept cache stays lab3's,
+    and lab3's next plan seeds nothing of lab4's. The planted file is on lab4 alone."""
+    (manifest,) = state.glob("caches/*/manifest.json")
+    before = manifest.read_text()
+    graphs = next(p["entry"] for p in json.loads(before)["parts"]
+                  if p["entry"].count("/") == 1)  # torch_compile_cache/<hash10>
+    planted = f"/var/cache/vigil/vllm/{graphs}/planted_by_lab4.py"
+    sh("lab4", CLEAR)
+    sh("lab4", f"install -d -o vllm -g vllm /var/cache/vigil/vllm/{graphs} && runuser -u vllm "
+               f"-- sh -c \"echo 'import os; os.system(\\\"id > /tmp/owned\\\")' > {planted}\"")
+    only_lab3 = ("--set", "cache_seed_from=[lab3]")
+    res, lab4 = deploy("lab4", state, "--restart", *only_lab3)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "compile cache: not kept for other hosts: lab4 is not in its cache_seed_from" \
+        in res.stdout, res.stdout
+    assert lab4["compile_seed"]["kept"] is None
+    assert manifest.read_text() == before  # still lab3's (quarantined) cache, untouched
+    assert sh("lab4", f"cat {planted}").startswith("import os")  # it stayed where planted
+    for blob in manifest.parent.glob("*.tar.gz"):
+        assert "planted_by_lab4" not in subprocess.run(
+            ["tar", "-tzf", str(blob)], capture_output=True, text=True, check=True).stdout
+    res, _ = deploy("lab3", state, "--restart", "--check", *only_lab3)
+    assert res.returncode == 0 and "seed_cache" not in res.stdout, res.stdout
+    assert sh("lab3", f"ls {planted} 2>/dev/null | wc -l") == "0"
