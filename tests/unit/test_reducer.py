@@ -782,3 +782,60 @@ def test_a_frame_of_a_closed_phase_keeps_the_failure_in_it() -> None:
                         "378, # CPU blocks: 1638"),
                _snap(1, "ValueError: something else")])[-1]
     assert (st.verdict, st.phase) == ("crashed", "capturing_graphs")
+
+
+# -- issue 28.4: vLLM's shared-memory broadcast notice is stall evidence -------------------
+
+def _notice(ts: str) -> str:
+    return (f"(EngineCore_DP0 pid=5) INFO 11-29 {ts} [shm_broadcast.py:542] No available "
+            "shared memory broadcast block found in 60 seconds. This typically happens when "
+            "some processes are hanging or doing some time-consuming work (e.g. compilation, "
+            "weight/kv cache quantization).")
+
+
+@pytest.mark.parametrize("line", [
+    # 0.5.1-0.6 WARNING, 0.6-0.7 DEBUG (the reader's copy without a space), 0.8+ INFO
+    "(VllmWorkerProcess pid=161) WARNING 08-22 06:24:42 shm_broadcast.py:386] No available "
+    "block found in 60 second. ",
+    "DEBUG 07-04 17:35:10 [shm_broadcast.py:456] No available shared memory broadcast block "
+    "found in 60 second.",
+    "DEBUG 07-04 17:35:10 [shm_broadcast.py:483] No available shared memory broadcast block "
+    "foundin 60 second.",
+    _notice("10:01:00"),
+    "(EngineCore pid=9) INFO 12-17 09:16:39 [shm_broadcast.py:698] No available shared memory "
+    "broadcast block found in 600 seconds. This typically happens when some processes are "
+    "hanging or doing some time-consuming work (e.g. compilation, weight/kv cache "
+    "quantization).",
+])
+def test_every_wording_of_the_shm_broadcast_notice_is_its_wait(line: str) -> None:
+    m = catalog.classify(line)
+    assert (m.kind, m.wait) == ("noise", "shm_broadcast")
+    assert m.values["seconds"] in (60, 600)
+
+
+def test_shm_broadcast_notices_are_slow_within_the_window_and_stalled_past_it() -> None:
+    # weights loading (stall window 5:00), then only the engine's notice, a minute apart,
+    # with the tree alive and nothing else moving
+    snaps = [_snap(0, LOADING, unit=UP, state="S")]
+    snaps += [_snap(60.0 * i, _notice(f"10:0{i}:00"), unit=UP, state="S") for i in range(1, 7)]
+    states = fold(snaps)
+    assert states[1].verdict is None  # one notice: a minute's wait, nothing to say yet
+    assert [s.verdict for s in states[2:5]] == ["slow"] * 3
+    assert any("EngineCore_DP0 says so, 2 times" in w for w in states[2].warnings)
+    st = states[-1]
+    assert (st.verdict, st.cause) == ("stalled", "stalled_loading_weights")
+    assert st.proof is not None and "waiting 5:00 for another process to read or write " \
+        "vLLM's shared-memory broadcast (EngineCore_DP0 says so, 5 times)" in st.proof
+
+
+def test_shm_broadcast_notices_while_workers_progress_are_neither_slow_nor_stalled() -> None:
+    # the workers compile between the notices (their lines are progress): EngineCore's
+    # wait is theirs, the start is working
+    snaps = [_snap(0, LOADING, unit=UP)]
+    for i in range(1, 12):
+        snaps.append(_snap(60.0 * i - 30, "(Worker_TP0 pid=7) INFO 11-29 10:00:00 "
+                           "[backends.py:1] Compiling a graph for compile range (1, 8192) "
+                           "takes 30.00 s", unit=UP))
+        snaps.append(_snap(60.0 * i, _notice("10:00:00"), unit=UP))
+    states = fold(snaps)
+    assert all(s.verdict not in ("slow", "stalled") for s in states)

@@ -94,7 +94,9 @@ _STOP_TEARDOWN = re.compile(
     r"|^Shutdown initiated \(timeout=\d+\)"
     r"|destroy_process_group\(\) was not called before program exit")
 
-_NOISE = re.compile(r"No available shared memory broadcast block found in (?P<seconds>\d+) second")
+# vLLM's shared-memory broadcast notice, every wording (catalog.WAITS' shm_broadcast)
+_NOISE = re.compile(r"No available (?:shared memory broadcast )?block ?found ?in "
+                    r"(?P<seconds>\d+) seconds?\b")
 
 # A KV budget of nothing: vLLM raises "No available memory for the cache blocks" right
 # after logging it (V1 check_enough_kv_cache_memory when available_memory <= 0, after
@@ -265,7 +267,8 @@ def _classify(text: str) -> Match:
     reached = _reached(line, msg)
     noise = _NOISE.search(msg)
     if noise:
-        return Match("noise", line, values=_floats(noise.groupdict()), reached=reached)
+        return Match("noise", line, values=_floats(noise.groupdict()), reached=reached,
+                     wait="shm_broadcast")
     frame = _FRAME_ANY.match(msg)
     if frame:
         for cause in CAUSES:

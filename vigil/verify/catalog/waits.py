@@ -101,6 +101,20 @@ WAITS: tuple[Wait, ...] = (
                     r"|\[c10d\] The client socket has failed to connect to "),
          cause="distributed_init_timeout", reached="distributed_init", retries=True,
          source="torch c10d socket.cpp and TCPStore.cpp (TCPStore's retries: torch 2.5 →)"),
+    # vLLM's shared-memory broadcast (distributed/device_communicators/shm_broadcast.py,
+    # MessageQueue.acquire_write/acquire_read): the engine's writer waits for its workers to
+    # read (or a worker for the writer), and says so every VLLM_RINGBUFFER_WARNING_INTERVAL
+    # (60 s) of one wait: 0.5.1-0.6 WARNING "No available block found in 60 second. ",
+    # 0.6-0.7 DEBUG "No available shared memory broadcast block found in 60 second." (the
+    # reader's copy lacked a space: "…block foundin 60 second."), 0.8+ INFO "… found in 60
+    # seconds. This typically happens when some processes are hanging or doing some
+    # time-consuming work (e.g. compilation[, weight/kv cache quantization])." The k-th notice
+    # of one wait means k intervals waited; another process's progress ends it.
+    Wait("shm_broadcast", "another process to read or write vLLM's shared-memory broadcast",
+         re.compile(r"No available (?:shared memory broadcast )?block ?found ?in "
+                    r"(?P<interval>\d+) seconds?\b"),
+         source="vLLM shm_broadcast.py MessageQueue.acquire_write/acquire_read, every "
+                "VLLM_RINGBUFFER_WARNING_INTERVAL of one wait (0.5.1 →)"),
     # V0 front end (MQLLMEngineClient's output loop, 0.6 → 0.10) at DEBUG every
     # VLLM_RPC_TIMEOUT while no output comes: while the engine starts or sits idle alike
     Wait("v0_engine_output", "output from the engine process",

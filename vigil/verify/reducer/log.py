@@ -48,9 +48,14 @@ def _waited(st: WatchState, m: catalog.Match, text: str, t: float) -> WatchState
     assert m.wait is not None
     said = m.values.get("waited", 0.0)
     cur = st.waiting
-    if cur is None or cur.wait != m.wait:
+    same = cur is not None and cur.wait == m.wait
+    count = cur.count + 1 if cur is not None and same else 1
+    if "seconds" in m.values:  # a notice per interval of one wait: k notices, k intervals
+        said = count * m.values["seconds"]
+    if cur is None or not same:
         since = min(t, t - said) if said else t
-        new = Waiting(m.wait, since, t, max(said, 0.0), text.strip()[:300])
+        new = Waiting(m.wait, since, t, max(said, 0.0), text.strip()[:300],
+                      who=m.line.proc or "")
         rec = catalog.WAIT[m.wait]
         note = f"{new.describe()}: {new.line[:160]}"
         if rec.cause is not None:
@@ -58,7 +63,7 @@ def _waited(st: WatchState, m: catalog.Match, text: str, t: float) -> WatchState
         warnings = st.warnings if len(st.warnings) >= MAX_WARNINGS else (*st.warnings, note)
         return replace(st, waiting=new, warnings=warnings)
     return replace(st, waiting=replace(cur, last=t, waited_s=max(t - cur.since, said),
-                                       line=text.strip()[:300]))
+                                       line=text.strip()[:300], count=count))
 
 
 def _error_line(m: catalog.Match, text: str) -> tuple[str | None, str | None, str] | None:

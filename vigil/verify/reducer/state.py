@@ -99,10 +99,15 @@ class Waiting:
     last: float
     waited_s: float
     line: str
+    count: int = 1  # how many of its lines (a notice that repeats: how many repeats)
+    who: str = ""  # the process that waits (its vLLM prefix), if the line names it
 
     def describe(self) -> str:
         rec = catalog.WAIT[self.wait]
-        return f"waiting {_mmss(self.waited_s)} for {rec.what}"
+        told = [p for p in (f"{self.who} says so" if self.who else "",
+                            f"{self.count} times" if self.count > 1 else "") if p]
+        said = f" ({', '.join(told)})" if told else ""
+        return f"waiting {_mmss(self.waited_s)} for {rec.what}{said}"
 
 
 @dataclass(frozen=True)

@@ -234,6 +234,8 @@ def step(
             proof = f"{waiting.describe()} ({waiting.line[:200]}); {proof}"
             return _finish(st, Verdict.STALLED, cause, proof, catalog.remedy_for(cause), now,
                            budgets)
+        if waiting is not None:  # what vLLM itself says it waits for (shm_broadcast's notices)
+            proof = f"{waiting.describe()} ({waiting.line[:200]}); {proof}"
         return _finish(st, Verdict.STALLED, f"stalled_{clock_phase}", proof, hint, now, budgets)
 
     # 6. Timed out: the hard cap, or a phase past a stated multiple of a budget learned
@@ -252,6 +254,15 @@ def step(
 
     # 7. Slow: past the budget and still progressing: say how far over, keep watching.
     verdict = st.verdict
+    notices = _noticed(st, log_only)
+    if notices is not None:
+        # vLLM says a process waits on another (shm_broadcast's notice, repeating) and
+        # nothing has moved since the wait began: slow, not yet stalled (the window decides)
+        verdict = Verdict.SLOW
+        if "waiting" not in st.extended:
+            st = replace(st, extended=st.extended | {"waiting"}, warnings=(
+                *st.warnings, f"{clock_phase}: {notices} and no other progress since; "
+                f"stalled at {_mmss(window)} without progress"))
     if clock_phase != "ready" and elapsed > budget and quiet_for < window / 2:
         verdict = Verdict.SLOW
         if clock_phase not in st.extended:
@@ -265,6 +276,18 @@ def step(
     if verdict == Verdict.SLOW and budget > 0:
         summary += f" (slow: {elapsed / budget:.1f}x its budget)"
     return replace(st, verdict=verdict, summary=summary)
+
+
+def _noticed(st: WatchState, log_only: bool) -> str | None:
+    """The repeating wait notice vLLM prints (shm_broadcast), when nothing else has moved
+    since it began: what a start that is slow, not yet stalled, is waiting on. Live (or a
+    trace) only: a plain log cannot tell a silent compile from a hang."""
+    waiting = st.waiting
+    if log_only or waiting is None or waiting.wait != "shm_broadcast" or waiting.count < 2:
+        return None
+    if st.last_progress_at is not None and st.last_progress_at > waiting.since:
+        return None
+    return waiting.describe()
 
 
 def _stop(st: WatchState, snap: Snapshot, now: float, *, dead: bool,
