@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
@@ -243,6 +244,19 @@ def write_text(path: str, text: str) -> None:
             raise
     except OSError as exc:
         raise ConfigError(f"cannot write: {exc.strerror or exc}", file=path) from None
+
+
+def open_new(path: Path) -> TextIO:
+    """A trace's file, opened for writing without following a link planted at its name (a
+    predictable name in a state directory others may write); ConfigError names it."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        why = "is a symbolic link; vigil does not write through one" \
+            if exc.errno == errno.ELOOP else f"cannot write: {exc.strerror}"
+        raise ConfigError(why, file=str(path), fix="remove it, or use another state_dir") \
+            from None
+    return os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace")
 
 
 def xml_document(root: ET.Element) -> str:

@@ -72,3 +72,19 @@ def test_a_regular_file_is_replaced_whole_keeping_its_mode_and_a_directory_is_re
     assert kept.read_text() == "[\n  1\n]\n" and stat.S_IMODE(kept.stat().st_mode) == 0o600
     with pytest.raises(ConfigError, match="not a regular file"):
         write_json(str(tmp_path), [1])
+
+
+def test_a_trace_is_never_written_through_a_link_planted_at_its_name(tmp_path: Path) -> None:
+    """Issue 33 (minor): a trace's name is predictable (host and second) in a state
+    directory others may share; a link planted there sent the trace anywhere."""
+    from vigil.verify.replay import write_trace
+
+    victim = tmp_path / "authorized_keys"
+    victim.write_text("ssh-ed25519 AAAA ops\n")
+    planted = tmp_path / "traces" / "gpu-01-20261204T120000Z.jsonl"
+    planted.parent.mkdir()
+    planted.symlink_to(victim)
+    with pytest.raises(ConfigError, match="is a symbolic link") as err:
+        write_trace(planted, [])
+    assert err.value.file == str(planted)
+    assert victim.read_text() == "ssh-ed25519 AAAA ops\n"

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
 from vigil.errors import VigilError
+from vigil.report import open_new
 from vigil.transport.base import Transport, privileged
 from vigil.transport.ssh import connect
 from vigil.verify import history
@@ -395,4 +396,4 @@ def _privileged(command: str, host: HostVars, transport: Transport) -> str:
 
 def _open(path: Path) -> IO[str]:
     path.parent.mkdir(parents=True, exist_ok=True)
-    return path.open("w", encoding="utf-8")
+    return open_new(path)

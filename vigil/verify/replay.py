@@ -27,6 +27,7 @@ from typing import Any
 
 from vigil.errors import ConfigError
 from vigil.exitcodes import ExitCode
+from vigil.report import open_new
 from vigil.verify import reducer
 from vigil.verify.attempts import run as run_attempts
 from vigil.verify.budgets import Budgets
@@ -490,6 +491,6 @@ def replay_file(path: str | Path, budgets: Budgets | None = None) -> dict[str, A
 
 def write_trace(path: str | Path, snapshots: Iterable[Snapshot]) -> None:
     """Write snapshots as JSONL (one per line), the format `load` reads back."""
-    with Path(path).open("w", encoding="utf-8") as fh:
+    with open_new(Path(path)) as fh:
         for snap in snapshots:
             fh.write(snap.to_json() + "\n")
