@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from vigil.desired.inputs import read_input
 from vigil.errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
@@ -139,10 +140,7 @@ def load_yaml(text: str) -> Any:
 
 def read_yaml(path: Path) -> Any:
     """Parse one YAML file; a syntax error names the file, line and column."""
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read: {exc.strerror}", file=str(path)) from None
+    text = read_input(path)
     try:
         return load_yaml(text)
     except RecursionError:
