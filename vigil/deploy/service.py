@@ -6,6 +6,7 @@ name are built here, never in a task.
 
 from __future__ import annotations
 
+import math
 import os
 import shlex
 from collections.abc import Callable
@@ -95,6 +96,19 @@ class Status:
                 f"health {self.health or '-':<4} model {self.model or '-'}")
 
 
+def _seconds(value: object) -> float | None:
+    """A duration the host reported, or None where it is none (NaN, inf, "abc", < 0)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and 0 <= value < 1e12 else None
+
+
+def _code(value: object) -> int | None:
+    """An HTTP status the host reported, or None where it is none."""
+    return value if isinstance(value, int) and not isinstance(value, bool) \
+        and 0 <= value < 1000 else None
+
+
 def status(transport: Transport, hv: HostVars) -> Status:
     """The unit's state, uptime, what its unit file serves and /health: one round trip.
     A systemctl that cannot answer is the host's failure, with its words."""
@@ -109,8 +123,8 @@ def status(transport: Transport, hv: HostVars) -> Status:
     exec_start = str(reply.get("exec_start") or "")
     return Status(
         active_state=str(svc.get("ActiveState", "")), sub_state=str(svc.get("SubState", "")),
-        main_pid=str(svc.get("MainPID", "")), uptime_s=reply.get("uptime_s"),
-        port=exec_flag(exec_start, "port"), health=reply.get("health"),
+        main_pid=str(svc.get("MainPID", "")), uptime_s=_seconds(reply.get("uptime_s")),
+        port=exec_flag(exec_start, "port"), health=_code(reply.get("health")),
         model=exec_flag(exec_start, "model"),
         served_name=exec_flag(exec_start, "served-model-name", "model"))
 

@@ -9,6 +9,7 @@ vigil/host/payload.py), called the same way.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Callable
 from functools import cache
@@ -98,10 +99,11 @@ def reply(name: str, verb: str, result: Result) -> dict[str, Any]:
                             fix="allow passwordless sudo for the deploy user, or deploy as root")
         raise CommandError(name, f"vigil agent {verb}", result.exit_status, result.stderr)
     try:
-        out: dict[str, Any] = json.loads(result.stdout)
-    except ValueError:
+        out: dict[str, Any] = parse_json(result.stdout)
+    except ValueError as exc:
         raise HostError(
             name, f"agent {verb} printed no JSON: {result.stdout[-300:]!r}"
+            if not isinstance(exc, TooDeep) else f"agent {verb} replied JSON {exc}"
         ) from None
     if not isinstance(out, dict):
         raise HostError(name, f"agent {verb} replied {type(out).__name__}, not an object")
@@ -113,13 +115,69 @@ def reply(name: str, verb: str, result: Result) -> dict[str, Any]:
     return out
 
 
+# No reply of vigil's agent nests half as deep; a hostile one nested 200k deep ended a whole
+# fleet's verify in RecursionError.
+JSON_DEPTH_MAX = 128
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+class TooDeep(ValueError):
+    pass
+
+
+def parse_json(text: str) -> Any:
+    """A host's JSON as the controller may hold it: nested at most JSON_DEPTH_MAX deep
+    (TooDeep, a ValueError, past it) and with no lone surrogate ("\\ud800" escapes the
+    host chose: each becomes U+FFFD), so every report and trace can write it as UTF-8.
+    ValueError when it is not JSON."""
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise TooDeep(f"nested deeper than {JSON_DEPTH_MAX} levels") from None
+    # a surrogate comes only from an escape (the text was decoded with errors="replace")
+    surrogates = _ESCAPED_SURROGATE.search(text) is not None \
+        or _SURROGATE.search(text) is not None
+    return _checked(data, surrogates)
+
+
+def _clean(text: str) -> str:
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def _checked(data: Any, surrogates: bool) -> Any:
+    """``data`` with its depth checked and, with ``surrogates``, lone surrogates replaced:
+    iteratively (a deep value must not overflow this walk either)."""
+    if surrogates and isinstance(data, str):
+        return _clean(data)
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > JSON_DEPTH_MAX:
+            raise TooDeep(f"nested deeper than {JSON_DEPTH_MAX} levels")
+        if isinstance(node, dict):
+            if surrogates:
+                items = [(_clean(k), _clean(v) if isinstance(v, str) else v)
+                         for k, v in node.items()]
+                node.clear()
+                node.update(items)
+            stack.extend((v, depth + 1) for v in node.values() if isinstance(v, (dict, list)))
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                if isinstance(v, (dict, list)):
+                    stack.append((v, depth + 1))
+                elif surrogates and isinstance(v, str):
+                    node[i] = _clean(v)
+    return data
+
+
 def progress_of(line: str) -> dict[str, Any] | None:
     """An agent's progress line on stderr (vigil/host/progress.py), else None."""
     if not line.startswith(PROGRESS_MARK):
         return None
     try:
         told = json.loads(line[len(PROGRESS_MARK):])
-    except ValueError:
+    except (ValueError, RecursionError):  # a host's line: never a traceback here
         return None
     return told if isinstance(told, dict) else None
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from vigil.errors import HostError, VigilError
 from vigil.transport.base import Held, Transport
-from vigil.transport.remote import agent_command, agent_stdin
+from vigil.transport.remote import TooDeep, agent_command, agent_stdin, parse_json
 from vigil.verify.snapshot import Snapshot
 
 STREAM_V = 1
@@ -55,7 +55,9 @@ Event = Hello | StreamError | RawSnap
 def parse_line(text: str) -> Event:
     """One line of the stream; ValueError naming what is wrong when it is not one."""
     try:
-        obj = json.loads(text)
+        obj = parse_json(text)  # depth-checked, lone surrogates replaced
+    except TooDeep as exc:
+        raise ValueError(f"stream line is JSON {exc}") from None
     except ValueError:
         raise ValueError(f"stream line is not JSON: {text[:120]!r}") from None
     if not isinstance(obj, dict):

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from vigil.errors import HostError, VigilError
+from vigil.errors import HostError, InternalError, VigilError
 from vigil.exitcodes import ExitCode, worst
 from vigil.transport.base import Transport, privileged
 from vigil.transport.remote import call_with
@@ -508,11 +508,20 @@ def verify_all(
     on_note: Callable[[str, str], None] | None = None,
     on_predict: OnPredict | None = None,
 ) -> list[Outcome]:
-    """Watch every target's start in parallel, each over its own connection."""
+    """Watch every target's start in parallel, each over its own connection. Whatever
+    goes wrong on one host is that host's outcome (a bug in vigil too: InternalError), so
+    the others get their verdicts and the reports are written."""
+
+    def one(t: Target) -> Outcome:
+        try:
+            return verify_target(t, settings, state_dir, on_poll=on_poll, on_note=on_note,
+                                 on_predict=on_predict)
+        except Exception as exc:  # a bug fails this host, not the whole run
+            error = InternalError.of(t.name, exc)
+            return Outcome(t.name, error=str(error), exit_code=int(error.exit_code))
+
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(targets)))) as pool:
-        return list(pool.map(lambda t: verify_target(t, settings, state_dir, on_poll=on_poll,
-                                                     on_note=on_note, on_predict=on_predict),
-                             targets))
+        return list(pool.map(one, targets))
 
 
 def worst_exit(outcomes: list[Outcome]) -> int:
