@@ -122,3 +122,18 @@ def test_the_plan_lists_every_action_apply_sends_marking_or_discarding_the_new_e
                         f"{env_dir}, which the running release never used; nothing after "
                         "it runs")
     assert lines[2].startswith("mark_env: mark ")
+
+
+def test_a_hosts_huge_or_unbalanced_execstart_is_a_change_never_a_spin_or_a_crash() -> None:
+    """Issue 33 (minor): a 6 MB ExecStart in the host's unit spun shlex for 16 min (it
+    builds a long word a character at a time); an unbalanced quote raised ValueError."""
+    from vigil.deploy.plan import exec_words, unit_change_reason
+
+    ours = "[Service]\nExecStart=/opt/v/bin/python -m vllm --port=8000\n"
+    huge = "[Service]\nExecStart=/opt/v/bin/python -m vllm --x=" + "a" * 6_000_000 + "\n"
+    assert unit_change_reason(huge, ours) == "ExecStart changed"  # (the old: 16 min)
+    assert unit_change_reason("[Service]\nExecStart=/bin/x 'open\n", ours) == \
+        "ExecStart changed"
+    assert exec_words("/bin/x --a=1 'b c'") == ["/bin/x", "--a=1", "b c"]
+    assert unit_change_reason(ours, ours.replace("8000", "8001")) == \
+        "ExecStart changed (--port=8000 -> --port=8001)"
