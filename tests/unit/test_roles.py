@@ -458,3 +458,28 @@ def test_render_masks_secrets_at_any_depth_and_keeps_a_role_files_mode(
     review.write_files(t, tmp_path / "out")
     conf = tmp_path / "out" / "hub" / "etc/vigil/hub/hub.conf"
     assert oct(conf.stat().st_mode & 0o777) == "0o600"
+
+
+def test_check_names_what_only_allow_yml_lets_a_role_touch(roles_dir: Path,
+                                                           inv_dir: Path) -> None:
+    """Issue 33.5: allow.yml is the only way past confinement, and the plan says when a
+    file or unit goes through it; the role's own files and units say nothing more."""
+    mine = roles_dir / "proxy"
+    (mine / "templates").mkdir(parents=True)
+    (mine / "templates" / "t.j2").write_text("x\n")
+    (mine / "role.yml").write_text(
+        "files: [{template: t.j2, dest: /etc/nginx/conf.d/vllm.conf, restart: nginx.service},\n"
+        "        {template: t.j2, dest: /etc/vigil/proxy/own.conf}]\n"
+        "enable: [nginx.service]\n")
+    (roles_dir / "allow.yml").write_text(
+        "proxy: {paths: [/etc/nginx/conf.d/], units: [nginx.service]}\n")
+    inv = inventory.load(inv_dir, roles_dir)
+    (t,) = resolve(inv, "llm-one", model="glm-5", operator_env=ENV,
+                   sets=["roles=[runtime,service,proxy]"])
+    (role,) = t.roles
+    assert role.allowed == ("/etc/nginx/conf.d/vllm.conf", "nginx.service")
+    reasons = [a.reason for a in plan_roles(t.roles, parse_role_facts({}))]
+    assert "proxy: /etc/nginx/conf.d/vllm.conf: new file, allowed by roles/allow.yml" \
+        in reasons
+    assert "proxy: /etc/vigil/proxy/own.conf: new file" in reasons
+    assert "proxy: start at boot (allowed by roles/allow.yml)" in reasons

@@ -104,6 +104,8 @@ def plan_roles(roles: tuple[RenderedRole, ...], facts: RoleFacts) -> list[Action
                 diff = unified(f.dest, old, f.content)
             else:
                 diff = hidden_diff(f.dest, state, f.content)
+            if f.dest in role.allowed:
+                reasons.append("allowed by roles/allow.yml")
             writes.append(Action(
                 ActionKind.WRITE_FILE, f"{role.name}: {f.dest}: {', '.join(reasons)}",
                 {"path": f.dest, "content": f.content, "mode": f.mode, "owner": f.owner},
@@ -120,7 +122,8 @@ def plan_roles(roles: tuple[RenderedRole, ...], facts: RoleFacts) -> list[Action
         for unit in role.enable:
             state = facts.units.get(unit) or {}
             if state.get("UnitFileState") != "enabled":
-                actions.append(Action(ActionKind.SYSTEMCTL, f"{role.name}: start at boot",
+                by = " (allowed by roles/allow.yml)" if unit in role.allowed else ""
+                actions.append(Action(ActionKind.SYSTEMCTL, f"{role.name}: start at boot{by}",
                                       {"args": ["enable", unit]}))
             if state.get("ActiveState") not in ("active", "activating", "reloading"):
                 restart.setdefault(unit, f"{role.name}: {unit} is "

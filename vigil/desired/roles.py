@@ -127,6 +127,7 @@ class Role:
     dir: Path
     defaults: Mapping[str, Any]
     spec: RoleSpec
+    allowed: tuple[str, ...] = ()  # dests and units only roles/allow.yml lets it touch
 
     @property
     def builtin(self) -> bool:
@@ -204,9 +205,17 @@ def _unit_placed(dest: str) -> str | None:
     return ""
 
 
-def confine(name: str, spec: RoleSpec, allow: Allow, sfile: str) -> None:
+def may_own(unit: str, units: set[str]) -> bool:
+    """Whether ``unit`` is one of ``units`` or an instance of a template among them."""
+    template = re.sub(r"@[^.]*\.", "@.", unit, count=1)
+    return unit in units or template in units
+
+
+def confine(name: str, spec: RoleSpec, allow: Allow, sfile: str) -> tuple[str, ...]:
     """Refuse a user role's file outside its own folders and units, and a restart or an
-    enable of a unit it does not place (see the module's docstring), unless allowed."""
+    enable of a unit it does not place (see the module's docstring), unless allowed.
+    Returns what only allow.yml lets it touch (dests and units), for --check to name."""
+    through: list[str] = []
     def allowed(dest: str) -> bool:
         return any(dest == p or (p.endswith("/") and dest.startswith(p)) for p in allow.paths)
 
@@ -216,10 +225,14 @@ def confine(name: str, spec: RoleSpec, allow: Allow, sfile: str) -> None:
         unit = _unit_placed(f.dest)
         if unit and _own_unit(unit, name, allow.units):
             placed.append(unit)
+            if not _own_unit(unit, name, ()):
+                through.append(f.dest)
             continue
         roots = [r.format(role=name) for r in ROOTS]
-        if (unit is None and any(f.dest.startswith(r) for r in roots)
-                and name not in RESERVED) or allowed(f.dest):
+        if unit is None and any(f.dest.startswith(r) for r in roots) and name not in RESERVED:
+            continue
+        if allowed(f.dest):
+            through.append(f.dest)
             continue
         if unit:
             why = (f"{unit} is not one of the role's own units (named {name}… or "
@@ -238,8 +251,7 @@ def confine(name: str, spec: RoleSpec, allow: Allow, sfile: str) -> None:
     units = set(placed) | set(allow.units)
 
     def may(unit: str) -> bool:
-        template = re.sub(r"@[^.]*\.", "@.", unit, count=1)  # an instance of a placed template
-        return unit in units or template in units
+        return may_own(unit, units)
 
     for i, f in enumerate(spec.files):
         if f.restart and not may(f.restart):
@@ -251,6 +263,10 @@ def confine(name: str, spec: RoleSpec, allow: Allow, sfile: str) -> None:
             raise ConfigError(f"{u!r}: the role does not place this unit", file=sfile,
                               key=f"enable.{i}",
                               fix=f"enable a unit the role places, {fix_allow} (units:)")
+    own = {u for u in placed if _own_unit(u, name, ())}  # by its name, not by allow.yml
+    named = [*spec.enable, *(f.restart for f in spec.files if f.restart)]
+    through += [u for u in named if u and not may_own(u, own)]
+    return tuple(dict.fromkeys(through))
 
 
 def read_allow(roles_dir: Path) -> dict[str, Allow]:
@@ -305,9 +321,8 @@ def load_role(roles_dir: Path, name: str, allow: Allow | None = None) -> Role:
         if not (folder / "templates" / f.template).is_file():
             raise ConfigError(f"template {f.template!r} not found in {folder / 'templates'}",
                               file=str(sfile), key=f"files.{i}.template")
-    if name not in BUILTIN:
-        confine(name, spec, allow or Allow(), str(sfile))
-    return Role(name, folder, dict(defaults), spec)
+    through = confine(name, spec, allow or Allow(), str(sfile)) if name not in BUILTIN else ()
+    return Role(name, folder, dict(defaults), spec, through)
 
 
 def names(roles_dir: Path) -> list[str]:
@@ -416,6 +431,7 @@ class RenderedRole:
     name: str
     files: tuple[RenderedFile, ...]
     enable: tuple[str, ...]
+    allowed: tuple[str, ...] = ()  # what only roles/allow.yml lets it touch (Role.allowed)
 
     @property
     def units(self) -> tuple[str, ...]:
@@ -440,4 +456,4 @@ def render_role(role: Role, host_name: str, values: Mapping[str, Any]) -> Render
                                undefined_fix="define it in the role's defaults.yml")
         files.append(RenderedFile(role.name, f.dest, text, f.mode.lstrip("0") or "0",
                                   f.owner, f.restart))
-    return RenderedRole(role.name, tuple(files), tuple(role.spec.enable))
+    return RenderedRole(role.name, tuple(files), tuple(role.spec.enable), role.allowed)
