@@ -207,6 +207,9 @@ def test_a5_status_reads_a_unit_with_a_line_separator_in_a_value() -> None:
     assert exec_flag('"--model=/m" "--served-model-name=a\u2028b"', "served-model-name") \
         == "a\u2028b"
     assert exec_flag('"--model=/m" "--served-model-name=a', "served-model-name") is None
+    # 6 MB of it from a host's status: not split at all (shlex spun 16 min on it)
+    assert exec_flag("--model=/m --served-model-name=" + "a" * 6_000_000,
+                     "served-model-name") is None
 
 
 # -- 7. a wrong-typed secret is not echoed ------------------------------------------------------

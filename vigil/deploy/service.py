@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from vigil.deploy.plan import exec_words
 from vigil.desired.config import HostVars
 from vigil.desired.inventory import Inventory
 from vigil.desired.render import CACHE_ROOT, SMOKE_SECRETS, check_secrets, service_paths
@@ -62,9 +63,8 @@ def on_hosts(inv: Inventory, hosts: str,
 
 def exec_flag(exec_start: str, *names: str) -> str | None:
     """The value of the first `--name=value` word of an ExecStart line."""
-    try:
-        words = shlex.split(exec_start) if exec_start else []
-    except ValueError:  # a unit vigil did not write (unbalanced quotes): no value
+    words = exec_words(exec_start) if exec_start else []
+    if words is None:  # a unit vigil did not write (6 MB, unbalanced quotes): no value
         return None
     for name in names:
         value = next((w.split("=", 1)[1] for w in words if w.startswith(f"--{name}=")), None)

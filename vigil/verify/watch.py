@@ -22,6 +22,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from vigil.errors import HostError, InternalError, VigilError
 from vigil.exitcodes import ExitCode, worst
+from vigil.report import open_new
 from vigil.transport.base import Transport, privileged
 from vigil.transport.remote import call_with
 from vigil.transport.ssh import connect
@@ -349,7 +350,7 @@ def watch_session(s: Session, out: Outcome, *, note: Callable[[str], None],
     settings = s.poller.settings
     probe, pause, streamer = probe_fn(s.poller, settings, s.poll_s, note, sleep)
     try:
-        with s.trace.open("w", encoding="utf-8") as fh:
+        with open_new(s.trace) as fh:
             out.state = watch(probe, smoke_fn, s.budgets, poll_s=pause, first=s.first,
                               clock=clock, sleep=sleep, on_poll=poll, trace=fh,
                               max_failures=settings.max_probe_failures, host=s.name)
