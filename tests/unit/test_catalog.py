@@ -923,3 +923,49 @@ def test_each_phase_is_reached_from_several_kinds_of_evidence(phase: str) -> Non
 def test_a_line_below_error_annotates_a_cause_but_is_never_fatal(line: str) -> None:
     m = catalog.classify(line)
     assert (m.kind, m.cause, m.role) == ("other", "kv_cache_too_small", "hint")
+
+
+# Issue 28.5: Blackwell and FP4/FP8 kernel failures, each wording from the code that
+# raises or prints it (vLLM's CUTLASS entries, ptxas through Triton's make_cubin, xformers'
+# fmha dispatch, vLLM's attention selector and registry) and seen in more than one log.
+@pytest.mark.parametrize(("line", "cause", "arch"), [
+    # csrc/quantization/cutlass_w8a8/scaled_mm_c3x_sm120.cu / _sm100.cu (vllm#16515, #16901)
+    ("RuntimeError: Currently, block scaled fp8 gemm is not implemented for Blackwell",
+     "quantization_unsupported", None),
+    ("RuntimeError: Currently, only fp8 gemm is implemented for Blackwell",
+     "quantization_unsupported", None),
+    # ptxas' PTX ISA refusal (nixpkgs#406675), in torch's glog record of Triton's error
+    ("[rank0]:E0701 14:28:21.083000 911603 torch/_inductor/runtime/triton_heuristics.py:539] "
+     "[0/0] ptxas /tmp/tmpmwke15zw.ptx, line 6; error   : PTX .version 8.4 does not support "
+     ".target sm_120a", "unsupported_gpu", "120"),
+    # ptxas' arch refusal, whole (vLLM's troubleshooting page: sm_110a; lmdeploy#3410:
+    # sm_120) and cut at the line's end (gpustack#4372: sm_121a)
+    ("(EngineCore_0 pid=9492) ptxas fatal   : Value 'sm_110a' is not defined for option "
+     "'gpu-name'", "unsupported_gpu", "110"),
+    ("(EngineCore_DP0 pid=73) ptxas fatal   : Value 'sm_121a' is not defined for",
+     "unsupported_gpu", "121"),
+    # xformers' fmha: every op it was built with refuses the GPU (too new / too old)
+    ("    requires device with capability <= (9, 0) but your GPU has capability (12, 0) "
+     "(too new)", "unsupported_gpu", None),
+    ("`fa2F@2.5.7-pt` requires device with capability >= (8, 0) but your GPU has capability "
+     "(7, 5) (too old)", "unsupported_gpu", None),
+    # a backend name the build does not know: the command line's, not the config's
+    ("ValueError: Invalid attention backend: 'FLASHINFER_VLLM_V1'. Valid backends are: "
+     "['FLASH_ATTN', 'XFORMERS', 'FLASHINFER']", "bad_arguments", None),
+    ("(APIServer pid=15833) ValueError: Unknown attention backend: 'ASCEND'. Valid options "
+     "are: FLASH_ATTN, TRITON_ATTN, XFORMERS, ROCM_ATTN", "bad_arguments", None),
+    ("  Value error, Unknown attention backend: 'FOO'. Valid options are: FLASH_ATTN "
+     "[type=value_error, input_value='FOO', input_type=str]", "bad_arguments", None),
+])
+def test_a_blackwell_or_fp8_kernel_failure_names_its_cause(
+        line: str, cause: str, arch: str | None) -> None:
+    m = catalog.classify(catalog.normalise(line))
+    assert (m.kind, m.cause, m.role) == ("fatal", cause, "root"), line
+    if arch is not None:
+        assert f"(sm_{arch})" in (m.remedy or "")
+
+
+def test_the_platform_refusing_a_backend_it_knows_is_not_a_bad_argument() -> None:
+    # platforms/cuda.py (V0): a valid name this platform cannot run; no id names it yet
+    m = catalog.classify("ValueError: Invalid attention backend for cuda")
+    assert m.cause == "unknown"

@@ -378,3 +378,36 @@ def test_replay_memory_does_not_grow_with_the_file(tmp_path: Path) -> None:
 
     small, big = peak_kib(make(8)), peak_kib(make(136))
     assert big - small < 24 * 1024
+
+
+# Issue 28.5: an error raised while serving one request is a serving event, not a failed
+# start. vLLM's NIXL connector logs a failed handshake with one peer through
+# logger.exception("Handshake with %s failed", engine_id) in the handshake's done-callback
+# (nixl_connector.py) and fails only the requests that needed that peer.
+_NIXL = "(Worker_TP0 pid=9) ERROR 05-15 03:40:01 [nixl_connector.py:1010] "
+_NIXL_FAILED = "".join(f"{_NIXL}{m}\n" for m in (
+    "Handshake with 5c0e5a2e-prefill failed",
+    "Traceback (most recent call last):",
+    '  File "/usr/lib/python3.12/concurrent/futures/_base.py", line 449, in result',
+    "    return self.__get_result()",
+    '  File "/opt/vllm/vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py", '
+    "line 812, in _nixl_handshake",
+    "    raise RuntimeError(",
+    "RuntimeError: {error}",
+)) + ("(APIServer pid=1) INFO 05-15 03:40:11 [loggers.py:123] Engine 000: Avg prompt "
+      "throughput: 10.0 tokens/s, Avg generation throughput: 5.0 tokens/s, Running: 1 reqs\n")
+
+
+@pytest.mark.parametrize("error", [
+    "NIXL compatibility hash mismatch. Local: abc, Remote: def. Prefill and decode instances "
+    "have incompatible configurations.",
+    "Remote NIXL agent engine ID mismatch. Expected 5c0e5a2e-prefill,received 77aa.",
+    "zmq.error.Again: Resource temporarily unavailable",
+])
+def test_a_nixl_handshake_that_fails_for_one_peer_is_a_serving_event(
+        tmp_path: Path, error: str) -> None:
+    from tests.unit.test_normalise import HEALTHY
+    p = tmp_path / "nixl.log"
+    p.write_text(HEALTHY + _NIXL_FAILED.format(error=error))
+    d = replay.replay_file(p)
+    assert (d["verdict"], d["cause"], d["phase"]) == ("ready", None, "ready")

@@ -367,7 +367,13 @@ CAUSES: tuple[Cause, ...] = (
          r"\bError (?:Internal|Not Supported|Arch Mismatch|Invalid Problem)\b",
          # libtorch_stable's STD_TORCH_CHECK names the failing check's place: a check in
          # vLLM's quantization kernels' dispatch (vllm#47818: dispatch_scaled_mm on sm120)
-         r"\bcsrc/[\w/]{0,80}?quantization/[\w/.\-]{1,200}\.(?:cuh?|hpp|h|cpp):\d{1,6}\b"),
+         r"\bcsrc/[\w/]{0,80}?quantization/[\w/.\-]{1,200}\.(?:cuh?|hpp|h|cpp):\d{1,6}\b",
+         # csrc/quantization/cutlass_w8a8/scaled_mm_c3x_sm100.cu and _sm120.cu (0.9+):
+         # the Blackwell CUTLASS entries' TORCH_CHECKs, a block-scaled (DeepSeek-style
+         # 128x128) FP8 checkpoint or a non-e4m3 input on a build whose Blackwell GEMM is
+         # per-tensor/per-channel only (vllm#16515 on 2x RTX 5090, vllm#16901)
+         r"Currently, (?:block scaled fp8 gemm is not|only fp8 gemm is) implemented for "
+         r"Blackwell"),
         ("0.2", "0.4", "0.6.3", "0.8", "0.9", "0.10", "0.11", "0.13", "0.23"),
         "the checkpoint's quantization has no kernel here{cap_note}: the GPU is below the "
         "method's minimum compute capability, or this build has no kernel of the scheme for "
@@ -404,9 +410,26 @@ CAUSES: tuple[Cause, ...] = (
          # 'gpu-name'"), and Triton's make_cubin raises CalledProcessError for the ptxas
          # command; only for sm_100 and later, where the toolchain lags (GB10: MinerU#4350,
          # cosmos-reason2#30)
-         r"Value 'sm_(?P<arch3>\d+)\w?' is not defined for option 'gpu-name'"
+         # (Triton's make_cubin puts ptxas' stderr in its PTXASError, one line each, so
+         # a paste may cut the option's name: gpustack#4372 ends at "is not defined for";
+         # the value is an sm_ arch, which only --gpu-name takes)
+         r"Value 'sm_(?P<arch3>\d+)\w?' is not defined(?: for option 'gpu-name')?"
          r"|Command '\[[^\]]{0,400}ptxas'[^\]]{0,400}'--gpu-name=sm_(?P<arch4>1\d\d)\w?'"
-         r"[^\]]{0,400}\]' returned non-zero exit status"),
+         r"[^\]]{0,400}\]' returned non-zero exit status"
+         # ptxas knows the arch but the PTX Triton wrote declares a PTX ISA older than the
+         # arch needs (sm_120/120a need PTX 8.7, sm_121 8.8): Triton picks the ISA from the
+         # ptxas it bundles or is pointed at, so the toolchain is too old for the GPU
+         # ("ptxas /tmp/x.ptx, line 6; error   : PTX .version 8.4 does not support .target
+         # sm_120a": nixpkgs#406675 with CUDA 12.8's ptxas under torch 2.7's Triton)
+         r"|PTX \.version \d+\.\d+ does not support \.target sm_(?P<arch5>1\d\d)\w?",
+         # xformers' memory-efficient attention: every kernel it was built with refuses the
+         # GPU (fmha's dispatch raises NotImplementedError "No operator found for
+         # `memory_efficient_attention_forward`" listing each op's reason): "requires
+         # device with capability <= (9, 0) but your GPU has capability (12, 0) (too new)"
+         # on RTX 50xx/PRO 6000 with a wheel without sm_120 kernels, "(too old)" below
+         # the op's minimum (V0's XFORMERS backend on Turing)
+         r"requires device with capability [<>=]{1,2} ?\(\d+, ?\d+\) but your GPU has "
+         r"capability \(\d+, ?\d+\) \(too (?:new|old)\)"),
         ("0.5", "0.7", "0.8", "0.10", "0.11 (ROCm)"),
         "this build has no kernels for the GPU's architecture{arch_note}: on NVIDIA Blackwell "
         "(sm_100 B200, sm_120 RTX 50xx / RTX PRO 6000, sm_121 GB10) install a vLLM and torch "
@@ -454,11 +477,21 @@ CAUSES: tuple[Cause, ...] = (
         "bad_arguments",
         # argparse's error(): `prog: error: message` (FlexibleArgumentParser is argparse)
         (r"^[\w.\-]+(?: [\w\-]+)?: error: (?:unrecognized arguments|argument |the following "
-         r"arguments are required|ambiguous option|invalid choice)",),
-        ("0.2", "0.6", "0.12", "0.15"),
+         r"arguments are required|ambiguous option|invalid choice)",
+         # an attention backend name this build does not know (VLLM_ATTENTION_BACKEND or
+         # --attention-backend), not the platform refusing one it knows ("Invalid attention
+         # backend for cuda"): attention/selector.py 0.10.1+ (vllm#22217) "Invalid attention
+         # backend: 'X'. Valid backends are: [...]", v1/attention/backends/registry.py's
+         # enum lookup 0.11+ "Unknown attention backend: 'ASCEND'. Valid options are: …"
+         # (vllm-ascend#4197; a platform plugin's name the core enum lacks)
+         r"(?:Invalid|Unknown) attention backend: '[^']{0,100}'\. Valid (?:backends|options) "
+         r"are:"),
+        ("0.2", "0.6", "0.10.1", "0.11", "0.12", "0.15"),
         "vLLM rejected its command line: remove or fix the option the line names (vllm serve "
         "--help lists this release's options; options move between releases, and a plugin's "
-        "options exist only when the plugin is installed)",
+        "options exist only when the plugin is installed); an attention backend must be one "
+        "the line lists as valid for this release (VLLM_ATTENTION_BACKEND or "
+        "--attention-backend; names change between releases, e.g. the _VLLM_V1 suffixes)",
         reached="bootstrap",
     ),
     Cause(

@@ -139,7 +139,7 @@ def remedy_for(cause: str, values: Mapping[str, str] | None = None) -> str:
         if alt in v and "world" not in v:
             v["world"] = v[alt]
     v["world_note"] = f" ({v['world']})" if v.get("world") else ""
-    for alt in ("arch3", "arch4"):
+    for alt in ("arch3", "arch4", "arch5"):
         if alt in v and "arch" not in v:
             v["arch"] = v[alt]
     v["arch_note"] = f" (sm_{v['arch']})" if v.get("arch") else ""
