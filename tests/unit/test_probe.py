@@ -253,3 +253,93 @@ def test_never_raises_without_systemd() -> None:
 def test_bad_request_values_still_give_a_snapshot() -> None:
     snap = run_probe(port="notanumber", max_lines="x", pid="y", no_nvml=True)
     assert snap.http is None and snap.processes is not None and snap.processes.items == ()
+
+
+# -- starvation facts: the kernel's own text, parsed (issue 28, the live window) ----------
+
+# cgroup v2 cpu.stat of a unit with CPUQuota=40% (kernel 6.1; nr_bursts/burst_usec since
+# 5.14, core_sched.force_idle_usec since 5.18)
+CPU_STAT_V2 = """\
+usage_usec 8392847
+user_usec 6129033
+system_usec 2263814
+core_sched.force_idle_usec 0
+nr_periods 1024
+nr_throttled 634
+throttled_usec 18372663
+nr_bursts 0
+burst_usec 0
+"""
+# cgroup v2 cpu.stat without a quota: no bandwidth counters at all
+CPU_STAT_V2_NO_QUOTA = "usage_usec 412\nuser_usec 300\nsystem_usec 112\n"
+# cgroup v1 cpu controller's cpu.stat (throttled_time in ns), cpuacct.usage in ns
+CPU_STAT_V1 = "nr_periods 1024\nnr_throttled 634\nthrottled_time 18372663421\n"
+# PSI: /proc/pressure/cpu (the full line since 5.13, zero system-wide) and cpu.pressure
+PRESSURE = ("some avg10=61.84 avg60=48.27 avg300=20.15 total=182736451\n"
+            "full avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+PROC_STAT = """\
+cpu  10132153 290696 3084719 46828483 16683 0 25195 175628 0 0
+cpu0 1393280 32966 572056 13343292 6080 0 17875 43907 0 0
+intr 199292711 26 0 0 0 0 0 0 0 1 0 0 0 0 0 0 0 0 0 0 0
+ctxt 323218218
+btime 1733300000
+"""
+
+
+def test_cgroup_cpu_stat_v2_and_v1_read_as_the_same_counters() -> None:
+    from vigil.host import probe
+    v2 = probe.parse_cpu_stat(CPU_STAT_V2)
+    assert v2 == {"nr_periods": 1024, "nr_throttled": 634, "throttled_us": 18372663,
+                  "usage_us": 8392847}
+    v1 = probe.parse_cpu_stat(CPU_STAT_V1)
+    assert v1 == {"nr_periods": 1024, "nr_throttled": 634, "throttled_us": 18372663}
+    assert probe.parse_cpu_stat(CPU_STAT_V2_NO_QUOTA) == {"usage_us": 412}
+    assert probe.parse_cpu_stat(None) is None
+    assert probe.parse_cpu_stat("garbage\n") is None
+
+
+def test_pressure_and_steal_are_read_from_the_kernels_text() -> None:
+    from vigil.host import probe
+    assert probe.parse_pressure(PRESSURE) == 182736451
+    assert probe.parse_pressure("some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n") == 0
+    assert probe.parse_pressure({"error": "permission denied"}) is None  # type: ignore[arg-type]
+    assert probe.parse_pressure("") is None
+    ticks = probe.parse_proc_stat(PROC_STAT)
+    assert ticks == {"steal_ticks": 175628,
+                     "total_ticks": 10132153 + 290696 + 3084719 + 46828483 + 16683 + 0
+                     + 25195 + 175628}
+    assert probe.parse_proc_stat("cpu0 1 2 3\n") is None
+
+
+@pytest.mark.parametrize(("layout", "version"), [
+    ({"": CPU_STAT_V2}, "v2"),
+    ({"cpu,cpuacct": CPU_STAT_V1}, "v1"),
+    ({"cpu": CPU_STAT_V1}, "v1"),
+])
+def test_the_units_cgroup_is_found_on_v2_and_v1(
+        monkeypatch: pytest.MonkeyPatch, layout: dict[str, str], version: str) -> None:
+    from vigil.host import probe
+    cg = "/system.slice/vllm.service"
+    files = {f"/sys/fs/cgroup/{k}{cg}/cpu.stat".replace("//", "/"): v
+             for k, v in layout.items()}
+    files[f"/sys/fs/cgroup{cg}/cpu.pressure"] = PRESSURE
+    files["/sys/fs/cgroup/cpu,cpuacct" + cg + "/cpuacct.usage"] = "8392847123\n"
+    files["/sys/fs/cgroup/cpu" + cg + "/cpuacct.usage"] = "8392847123\n"
+    files["/proc/pressure/cpu"] = PRESSURE
+    files["/proc/stat"] = PROC_STAT
+    monkeypatch.setattr(probe, "read_text", files.get)
+    load = probe.cpu_load(cg)
+    assert load["cgroup"] == version and load["error"] is None
+    assert (load["nr_periods"], load["nr_throttled"]) == (1024, 634)
+    assert load["usage_us"] == 8392847
+    assert load["host_pressure_some_us"] == 182736451 and load["steal_ticks"] == 175628
+    assert ("pressure_some_us" in load) == (version == "v2")
+    Snapshot.from_dict({"time": 1.0, "cpu_load": load})  # the watcher's type reads it
+
+
+def test_the_probe_reports_the_hosts_cpu_load() -> None:
+    snap = run_probe(pid=os.getpid())
+    load = snap.cpu_load
+    assert load is not None and load.error is None
+    if os.path.exists("/proc/stat"):
+        assert load.total_ticks is not None and load.total_ticks > 0

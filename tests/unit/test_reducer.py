@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import pytest
 
@@ -13,6 +14,7 @@ from vigil.verify.budgets import Budgets
 from vigil.verify.reducer import evidence as reducer_evidence
 from vigil.verify.replay import load
 from vigil.verify.snapshot import (
+    CpuLoad,
     Gpus,
     Http,
     Journal,
@@ -839,3 +841,87 @@ def test_shm_broadcast_notices_while_workers_progress_are_neither_slow_nor_stall
         snaps.append(_snap(60.0 * i, _notice("10:00:00"), unit=UP))
     states = fold(snaps)
     assert all(s.verdict not in ("slow", "stalled") for s in states)
+
+
+# -- a starved tree is held back, not stuck (issue 28, the live CPU-quota case) ---------
+# tests/lab/test_verify_live.py's quota start was called stalled in bootstrap at a 30 s
+# window on a loaded machine. The same quiet, alive tree: with the host's counters showing
+# it throttled (its quota's periods, 100 ms each) it is slow and the window stretches in
+# proportion; without them, or with counters that do not move, it is stalled.
+
+QUOTA_30S = Budgets(stall_s={p: 30.0 for p in reducer.PHASES})
+
+
+def _quiet(t: float, load: CpuLoad | None) -> Snapshot:
+    return _snap(t, cpu=5.0, state="S").model_copy(update={"cpu_load": load})
+
+
+def _throttled(t: float, share: float) -> CpuLoad:
+    # a CPUQuota: 10 periods a second, `share` of them throttled; the host steals nothing
+    return CpuLoad(cgroup="v2", nr_periods=int(10 * t), nr_throttled=int(10 * t * share),
+                   throttled_us=int(t * share * 1e6), steal_ticks=0, total_ticks=int(400 * t))
+
+
+def _quiet_start(load: Callable[[float], CpuLoad | None], until: float) -> list[Snapshot]:
+    first = _snap(0, "(APIServer pid=7) INFO 05-15 03:31:20 [api_server.py:1839] vLLM API "
+                     "server version 0.11.0", cpu=5.0, state="R")
+    return [first.model_copy(update={"cpu_load": load(0.0)})] + [
+        _quiet(5.0 * i, load(5.0 * i)) for i in range(1, int(until / 5) + 1)]
+
+
+def test_a_starved_tree_is_slow_where_the_same_trace_unstarved_is_stalled() -> None:
+    bare = fold(_quiet_start(lambda t: None, 60), QUOTA_30S)
+    assert bare[-1].verdict == "stalled" and bare[-1].cause == "stalled_bootstrap"
+    assert bare[-1].now == 30
+    starved = fold(_quiet_start(lambda t: _throttled(t, 0.62), 60), QUOTA_30S)
+    assert all(s.verdict != "stalled" for s in starved)
+    assert starved[6].verdict == "slow"  # 30 s quiet: past the unstretched window
+    assert "starved: throttled 62 % of the last 30 s; stall window 0:30 stretched to 1:19" \
+        in starved[6].summary
+    assert any(w.startswith("bootstrap: starved: throttled 62 %") for w in starved[-1].warnings)
+
+
+def test_a_starved_tree_still_stalls_past_the_stretched_window() -> None:
+    st = fold(_quiet_start(lambda t: _throttled(t, 0.62), 120), QUOTA_30S)
+    stalled = [s for s in st if s.verdict == "stalled"]
+    assert stalled and stalled[0].now == 80  # 30 / (1 - 0.62) = 79 s, the next poll
+    assert "starved: throttled 62 % of the last 80 s" in (stalled[0].proof or "")
+
+
+@pytest.mark.parametrize(("load", "why"), [
+    (lambda t: _throttled(t, 0.0), "a quota that never throttles"),
+    (lambda t: _throttled(t, 0.1), "below STARVED"),
+    (lambda t: CpuLoad(cgroup="v2", nr_periods=0, nr_throttled=0), "no quota, no PSI"),
+    (lambda t: CpuLoad(error="permission denied"), "unreadable"),
+])
+def test_a_tree_the_host_does_not_starve_is_stalled(
+        load: Callable[[float], CpuLoad | None], why: str) -> None:
+    st = fold(_quiet_start(load, 60), QUOTA_30S)[-1]
+    assert st.verdict == "stalled" and st.now == 30, why
+
+
+@pytest.mark.parametrize(("load", "what"), [
+    # the unit's own cpu.pressure: its tasks waited for a CPU 70 % of the time
+    (lambda t: CpuLoad(cgroup="v2", pressure_some_us=int(0.7 * t * 1e6)),
+     "waiting for a CPU 70 %"),
+    # no cgroup of its own readable: the host's /proc/pressure/cpu
+    (lambda t: CpuLoad(host_pressure_some_us=int(0.5 * t * 1e6)),
+     "the host's tasks waiting for a CPU 50 %"),
+    # a VM whose hypervisor ran others: /proc/stat's steal, 40 % of all ticks
+    (lambda t: CpuLoad(steal_ticks=int(160 * t), total_ticks=int(400 * t)),
+     "CPU stolen by the hypervisor 40 %"),
+])
+def test_pressure_and_steal_are_starvation_too(
+        load: Callable[[float], CpuLoad | None], what: str) -> None:
+    st = fold(_quiet_start(load, 40), QUOTA_30S)
+    assert st[6].verdict == "slow" and what in st[6].summary
+    assert all(s.verdict != "stalled" for s in st)
+
+
+def test_a_plain_log_is_never_stretched_and_a_starvation_share_is_bounded() -> None:
+    from vigil.verify.reducer.evidence import starvation, stretched
+    assert stretched(30.0, 1.0) == 30.0 * reducer.MAX_STRETCH
+    assert stretched(30.0, 0.5) == 60.0
+    a = reducer_evidence._baseline(_quiet(0, _throttled(0, 1.0)))
+    b = reducer_evidence._baseline(_quiet(30, CpuLoad(nr_periods=0, nr_throttled=0)))
+    assert starvation(a, b) is None  # counters that went back (a new cgroup) say nothing

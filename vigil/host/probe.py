@@ -280,6 +280,104 @@ def cache(user: Optional[str], extra: List[str]) -> Json:
         return {"dirs": [], "error": _err(exc)}
 
 
+# -- starvation: the tree waiting for CPU it is not given (a quota, a loaded host) --------
+# Each fact is a read and a pure parser of the kernel's text. The reducer compares two
+# polls' counters: a quiet tree that the host starves is slow, not stalled.
+
+
+def parse_cpu_stat(text: Optional[str]) -> Optional[Json]:
+    """A cgroup's cpu.stat as vigil's counters. v2: ``usage_usec``, ``nr_periods``,
+    ``nr_throttled``, ``throttled_usec``; v1 (the cpu controller): ``nr_periods``,
+    ``nr_throttled``, ``throttled_time`` in ns. None when there is no such counter."""
+    if not isinstance(text, str):
+        return None
+    kv: Dict[str, int] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[1].isdigit():
+            kv[parts[0]] = int(parts[1])
+    out: Json = {}
+    if "nr_periods" in kv and "nr_throttled" in kv:
+        out["nr_periods"] = kv["nr_periods"]
+        out["nr_throttled"] = kv["nr_throttled"]
+    if "throttled_usec" in kv:
+        out["throttled_us"] = kv["throttled_usec"]
+    elif "throttled_time" in kv:
+        out["throttled_us"] = kv["throttled_time"] // 1000
+    if "usage_usec" in kv:
+        out["usage_us"] = kv["usage_usec"]
+    return out or None
+
+
+def parse_pressure(text: Optional[str]) -> Optional[int]:
+    """PSI (``/proc/pressure/cpu``, a cgroup's ``cpu.pressure``): the ``some`` line's
+    ``total=`` (us during which at least one runnable task waited for a CPU)."""
+    if not isinstance(text, str):
+        return None
+    for line in text.splitlines():
+        parts = line.split()
+        if parts and parts[0] == "some":
+            for field in parts[1:]:
+                if field.startswith("total=") and field[6:].isdigit():
+                    return int(field[6:])
+    return None
+
+
+def parse_proc_stat(text: Optional[str]) -> Optional[Json]:
+    """/proc/stat's aggregate ``cpu`` line: steal ticks (time a hypervisor ran someone
+    else on this guest's CPUs) and all ticks (user to steal; guest time is inside user)."""
+    if not isinstance(text, str):
+        return None
+    for line in text.splitlines():
+        parts = line.split()
+        if parts and parts[0] == "cpu" and len(parts) >= 9 \
+                and all(p.isdigit() for p in parts[1:9]):
+            ticks = [int(p) for p in parts[1:9]]
+            return {"steal_ticks": ticks[7], "total_ticks": sum(ticks)}
+    return None
+
+
+def cgroup_cpu_dirs(control_group: str) -> List[Any]:
+    """Where the unit's CPU accounting lives: v2 (unified, or hybrid's unified tree),
+    then v1's cpu controller (mounted as cpu,cpuacct or cpu)."""
+    if not control_group:
+        return []
+    return [("v2", "/sys/fs/cgroup" + control_group),
+            ("v2", "/sys/fs/cgroup/unified" + control_group),
+            ("v1", "/sys/fs/cgroup/cpu,cpuacct" + control_group),
+            ("v1", "/sys/fs/cgroup/cpu" + control_group)]
+
+
+def cpu_load(control_group: str) -> Json:
+    """The unit's cgroup throttling and CPU pressure, the host's CPU pressure and steal."""
+    out: Json = {"cgroup": "", "error": None}
+    try:
+        for version, d in cgroup_cpu_dirs(control_group):
+            stat = parse_cpu_stat(read_text(os.path.join(d, "cpu.stat")))
+            if stat is None or (version == "v2" and "nr_periods" not in stat
+                                and "usage_us" not in stat):
+                continue
+            out["cgroup"] = version
+            out.update(stat)
+            if version == "v1" and "usage_us" not in stat:
+                usage = read_text(os.path.join(d, "cpuacct.usage"))
+                if isinstance(usage, str) and usage.strip().isdigit():
+                    out["usage_us"] = int(usage.strip()) // 1000
+            pressure = parse_pressure(read_text(os.path.join(d, "cpu.pressure")))
+            if pressure is not None:
+                out["pressure_some_us"] = pressure
+            break
+        host = parse_pressure(read_text("/proc/pressure/cpu"))
+        if host is not None:
+            out["host_pressure_some_us"] = host
+        ticks = parse_proc_stat(read_text("/proc/stat"))
+        if ticks is not None:
+            out.update(ticks)
+    except Exception as exc:
+        out["error"] = _err(exc)
+    return out
+
+
 def http_state(port: int, api_key: Optional[str]) -> Json:
     h = get_health(port)
     out: Json = {"health_status": h["status"], "health_error": h["error"], "models": None,
@@ -315,6 +413,7 @@ def probe(req: Json) -> Json:
                                       unit.get("exec_main_start_epoch"),
                                       str(unit.get("invocation_id") or "") or None)
         snap["processes"] = processes(cgroup, main_pid)
+        snap["cpu_load"] = cpu_load(cgroup)
         snap["gpus"] = probe_gpus(bool(req.get("no_nvml")))
         snap["cache"] = cache(req.get("user"), list(req.get("cache_dirs") or []))
         port = _int(req.get("port"))

@@ -70,6 +70,22 @@ class Processes(_Value):
         return sum(p.rss_bytes for p in self.items)
 
 
+class CpuLoad(_Value):
+    """Whether the host gives the tree the CPU it asks for: counters, compared between
+    polls by the reducer (None: not readable on this host)."""
+
+    cgroup: str = ""  # v2 | v1: where the unit's cpu.stat was read; "" none
+    nr_periods: int | None = None  # CFS bandwidth periods (a CPUQuota set)
+    nr_throttled: int | None = None  # periods in which the quota ran out
+    throttled_us: int | None = None
+    usage_us: int | None = None
+    pressure_some_us: int | None = None  # the unit's cpu.pressure, `some` total (µs)
+    host_pressure_some_us: int | None = None  # /proc/pressure/cpu, `some` total (µs)
+    steal_ticks: int | None = None  # /proc/stat: a hypervisor ran someone else
+    total_ticks: int | None = None
+    error: str | None = None
+
+
 class GpuProc(_Value):
     pid: int
     used_mib: float = 0.0
@@ -149,6 +165,7 @@ class Snapshot(_Value):
     unit: Unit | None = None
     journal: Journal = Journal()
     processes: Processes | None = None
+    cpu_load: CpuLoad | None = None  # None: an older agent, or not observed
     gpus: Gpus | None = None  # None: no NVML and no nvidia-smi (a CPU host)
     cache: Cache | None = None
     http: Http | None = None

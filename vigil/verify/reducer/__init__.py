@@ -23,7 +23,12 @@ Which signals count in which phase, each phase's stall window and hint: the `Pha
 records in the catalog (vigil/verify/catalog/).
 
 Stalled needs a live process tree observed (state R/S/D/T, not all zombies): a plain
-log without process data can never prove a stall. After a phase's end marker and
+log without process data can never prove a stall. A quiet tree the host starves is held
+back, not stuck: when the probe's counters (the unit's cgroup cpu.stat throttling, its
+cpu.pressure or the host's /proc/pressure/cpu, /proc/stat's steal) show it kept from the
+CPU for at least STARVED of the quiet time, the stall window stretches to W / (1 - share)
+(at most MAX_STRETCH x) and the verdict line says so ("starved: throttled 62 % of the
+last 30 s"). After a phase's end marker and
 before the next phase's first marker, the time counts against the next phase.
 
 Verdicts: ready, crashed, stalled, timed_out, stopped (terminal); slow (past its budget,
@@ -48,11 +53,13 @@ from vigil.verify.reducer.state import (
     EXIT,
     MAX_FATAL,
     MAX_HINTS,
+    MAX_STRETCH,
     MAX_WARNINGS,
     MOVE_MIB,
     PHASES,
     RSS_MOVE,
     SETTLE_S,
+    STARVED,
     TERMINAL,
     VERDICTS,
     Baseline,
@@ -78,11 +85,13 @@ __all__ = [
     "EXIT",
     "MAX_FATAL",
     "MAX_HINTS",
+    "MAX_STRETCH",
     "MAX_WARNINGS",
     "MOVE_MIB",
     "PHASES",
     "RSS_MOVE",
     "SETTLE_S",
+    "STARVED",
     "TERMINAL",
     "VERDICTS",
     "WRAP_S",

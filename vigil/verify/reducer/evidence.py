@@ -5,7 +5,15 @@ shards, the compile cache; and which of it counts in a phase.
 from __future__ import annotations
 
 from vigil.verify import catalog
-from vigil.verify.reducer.state import CPU_BUSY, MOVE_MIB, RSS_MOVE, Baseline, Evidence
+from vigil.verify.reducer.state import (
+    CPU_BUSY,
+    MAX_STRETCH,
+    MOVE_MIB,
+    RSS_MOVE,
+    STARVED,
+    Baseline,
+    Evidence,
+)
 from vigil.verify.snapshot import Snapshot
 
 
@@ -34,6 +42,8 @@ def _baseline(snap: Snapshot) -> Baseline:
         cache_bytes=cache.bytes if cache is not None and readable else None,
         cache_files=cache.files if cache is not None and readable else None,
         cache_newest=cache.newest_mtime if cache is not None and readable else None,
+        cpu_load=snap.cpu_load if snap.cpu_load is not None and snap.cpu_load.error is None
+        else None,
     )
 
 
@@ -106,3 +116,51 @@ def _progress(phase: str, ev: Evidence, base: Baseline) -> tuple[str, ...]:
         if "cpu" in rec.progress or own_missing:
             seen.append("cpu")
     return tuple(sig for sig in seen if sig in rec.progress or sig == "cpu")
+
+
+def _delta(a: int | None, b: int | None) -> int | None:
+    return b - a if a is not None and b is not None and b >= a else None
+
+
+def starvation(a: Baseline | None, b: Baseline) -> tuple[float, str, float] | None:
+    """How much of the time between two polls the host kept the tree from the CPU, when
+    it is at least STARVED: (share, what says so, seconds). The unit's own counters come
+    first: its quota's throttled periods (cgroup cpu.stat, v1 or v2), then its tasks'
+    CPU pressure (cpu.pressure, else the host's /proc/pressure/cpu); and the
+    hypervisor's steal (/proc/stat). A hung tree runs nothing, so it is neither
+    throttled nor under pressure of its own."""
+    if a is None or a.cpu_load is None or b.cpu_load is None:
+        return None
+    wall = b.time - a.time
+    if wall <= 0:
+        return None
+    x, y = a.cpu_load, b.cpu_load
+    seen: list[tuple[float, str]] = []
+    periods = _delta(x.nr_periods, y.nr_periods)
+    throttled = _delta(x.nr_throttled, y.nr_throttled)
+    if periods and throttled is not None:
+        seen.append((throttled / periods, "throttled"))
+    elif (us := _delta(x.throttled_us, y.throttled_us)) is not None and us > 0:
+        seen.append((us / (wall * 1e6), "throttled"))
+    own = _delta(x.pressure_some_us, y.pressure_some_us)
+    if own is not None:
+        seen.append((own / (wall * 1e6), "waiting for a CPU"))
+    elif (host := _delta(x.host_pressure_some_us, y.host_pressure_some_us)) is not None:
+        seen.append((host / (wall * 1e6), "the host's tasks waiting for a CPU"))
+    steal, total = _delta(x.steal_ticks, y.steal_ticks), _delta(x.total_ticks, y.total_ticks)
+    if steal is not None and total:
+        seen.append((steal / total, "CPU stolen by the hypervisor"))
+    if not seen:
+        return None
+    share, what = max(seen)
+    share = min(max(share, 0.0), 1.0)
+    return (share, what, wall) if share >= STARVED else None
+
+
+def stretched(window: float, share: float) -> float:
+    """The stall window for a tree that got (1 - share) of the CPU it waited for."""
+    return window * min(1.0 / max(1.0 - share, 1e-9), MAX_STRETCH)
+
+
+def starved_line(share: float, what: str, wall: float) -> str:
+    return f"starved: {what} {share * 100:.0f} % of the last {wall:.0f} s"

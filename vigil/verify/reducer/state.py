@@ -12,6 +12,7 @@ from enum import StrEnum
 from vigil.exitcodes import ExitCode
 from vigil.verify import catalog
 from vigil.verify.compile_cache import CacheEvidence, judge
+from vigil.verify.snapshot import CpuLoad
 
 PHASES = catalog.PHASES
 
@@ -49,6 +50,11 @@ def exit_of(verdict: str | None, unended: ExitCode) -> ExitCode:
 MOVE_MIB = 64.0
 RSS_MOVE = 64 * 1024 * 1024
 CPU_BUSY = 0.3  # tree CPU seconds per wall second that count as "working"
+# A quiet tree the host starves (its quota's periods throttled, its tasks waiting for a
+# CPU, the hypervisor's steal) for at least this share of the quiet time gets a stall
+# window stretched in proportion, W / (1 - share), at most MAX_STRETCH x.
+STARVED = 0.2
+MAX_STRETCH = 4.0
 MAX_FATAL = 64
 MAX_HINTS = 8
 MAX_WARNINGS = 32  # a log of a thousand waits keeps the first few
@@ -135,6 +141,7 @@ class Baseline:
     cache_bytes: int | None
     cache_files: int | None
     cache_newest: float | None
+    cpu_load: CpuLoad | None = None  # the host's CPU counters (throttling, pressure, steal)
 
 
 @dataclass(frozen=True)
@@ -161,6 +168,9 @@ class WatchState:
     spans: tuple[PhaseSpan, ...] = ()
     prev: Baseline | None = None
     phase_base: Baseline | None = None
+    # the baseline of the last poll that saw progress: starvation is measured over the
+    # quiet time since (vigil.verify.reducer.evidence.starvation)
+    progress_base: Baseline | None = None
     last_progress_at: float | None = None
     last_progress: str = ""
     quiet_s: Mapping[str, float] = field(default_factory=dict)  # longest quiet per phase

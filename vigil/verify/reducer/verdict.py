@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING
 
 from vigil.verify import catalog
 from vigil.verify.compile_cache import fold as fold_cache
-from vigil.verify.reducer.evidence import _baseline, _diff, _progress
+from vigil.verify.reducer.evidence import (
+    _baseline,
+    _diff,
+    _progress,
+    starvation,
+    starved_line,
+    stretched,
+)
 from vigil.verify.reducer.log import _fold_lines, _wait_hint
 from vigil.verify.reducer.state import (
     _CLEAN_EXIT,
@@ -172,6 +179,7 @@ def step(
     st = replace(
         st, evidence=ev, prev=base,
         phase_base=base if (f.phase_changed or st.phase_base is None) else st.phase_base,
+        progress_base=base if (why or st.progress_base is None) else st.progress_base,
         last_progress_at=last_progress_at, last_progress=", ".join(why) or st.last_progress,
         quiet_s=quiet,
     )
@@ -221,11 +229,24 @@ def step(
     elapsed, budget, clock_phase = _clock(st, now, budgets)
     quiet_for = now - (now if st.last_progress_at is None else st.last_progress_at)
     window = max(budgets.stall(phase), budgets.stall(clock_phase))
+    # A quiet tree the host starves (a CPU quota, a loaded host, the hypervisor) is held
+    # back, not stuck: its window stretches in proportion to the CPU it was kept from,
+    # measured over the quiet time (the counters of the last poll with progress, now).
+    starved = starvation(st.progress_base, base) if not log_only and quiet_for > 0 else None
+    starved_note = ""
+    unstretched = window
+    if starved is not None:
+        share, what, span = starved
+        window = stretched(window, share)
+        starved_note = f"{starved_line(share, what, span)}; stall window " \
+            f"{_mmss(unstretched)} stretched to {_mmss(window)}"
     if not log_only and base.alive and quiet_for >= window:
         label = _label(st)
         line = _describe(st, now, budgets, label)
         proof = f"{line}; no progress evidence for {_mmss(quiet_for)} (stall window " \
             f"{_mmss(window)}); last log line: {st.last_line[:200]!r}"
+        if starved_note:
+            proof = f"{proof}; {starved_note}"
         hint = catalog.PHASE[clock_phase].stall_hint or catalog.VERDICT_REMEDIES[Verdict.STALLED]
         waiting = st.waiting
         cause = catalog.WAIT[waiting.wait].cause if waiting is not None else None
@@ -272,9 +293,19 @@ def step(
                 warnings=(*st.warnings, f"{clock_phase} past its budget {_mmss(budget)} "
                           f"({source}) and still progressing"),
             )
+    held = bool(starved_note) and bool(base.alive) and quiet_for >= unstretched
+    if held:
+        # quiet past the window it had unstarved, and starved: slow, held back by the
+        # host (not stuck), and the verdict line says by what
+        verdict = Verdict.SLOW
+        if "starved" not in st.extended:
+            st = replace(st, extended=st.extended | {"starved"},
+                         warnings=(*st.warnings, f"{clock_phase}: {starved_note}"))
     summary = _describe(st, now, budgets, _label(st))
     if verdict == Verdict.SLOW and budget > 0:
         summary += f" (slow: {elapsed / budget:.1f}x its budget)"
+    if held:
+        summary += f" ({starved_note})"
     return replace(st, verdict=verdict, summary=summary)
 
 
