@@ -35,6 +35,18 @@ def roles_dir(tmp_path: Path) -> Path:
     return target
 
 
+def _user_role(roles_dir: Path, name: str, role_yml: str, template: str = "[Unit]\n",
+               defaults: str | None = None) -> Path:
+    """roles/<name>/ with one template t.j2, its role.yml and, if given, its defaults."""
+    mine = roles_dir / name
+    (mine / "templates").mkdir(parents=True)
+    (mine / "templates" / "t.j2").write_text(template)
+    (mine / "role.yml").write_text(role_yml)
+    if defaults is not None:
+        (mine / "defaults.yml").write_text(defaults)
+    return mine
+
+
 def test_every_builtin_role_has_defaults_and_the_service_role_owns_the_templates() -> None:
     roles = load_all(ROLES_DIR)
     assert set(BUILTIN) <= set(roles)
@@ -185,10 +197,7 @@ def test_bad_role_selection_is_one_clear_error(inv_dir: Path, bad: str, expect: 
 ])
 def test_a_bad_user_role_is_refused_at_load(roles_dir: Path, inv_dir: Path, spec: str,
                                             expect: str) -> None:
-    mine = roles_dir / "mine"
-    (mine / "templates").mkdir(parents=True)
-    (mine / "templates" / "t.j2").write_text("x\n")
-    (mine / "role.yml").write_text(spec + "\n")
+    _user_role(roles_dir, "mine", spec + "\n", template="x\n")
     with pytest.raises(ConfigError) as err:
         inventory.load(inv_dir, roles_dir)
     assert expect in str(err.value) and "roles/mine/role.yml" in str(err.value)
@@ -259,11 +268,8 @@ def test_verify_role_defaults_name_every_watched_phase() -> None:
 
 
 def test_a_user_role_may_not_take_the_service_unit(roles_dir: Path, inv_dir: Path) -> None:
-    mine = roles_dir / "mine"
-    (mine / "templates").mkdir(parents=True)
-    (mine / "templates" / "t.j2").write_text("[Unit]\n")
-    (mine / "role.yml").write_text(
-        "files: [{template: t.j2, dest: /etc/systemd/system/vllm.service}]\n")
+    _user_role(roles_dir, "mine",
+               "files: [{template: t.j2, dest: /etc/systemd/system/vllm.service}]\n")
     with pytest.raises(ConfigError, match="not one of the role's own units"):
         inventory.load(inv_dir, roles_dir)
     # even allowed by the ops repo, the service role's unit stays the service role's
@@ -415,10 +421,7 @@ def test_a_role_named_for_a_system_unit_does_not_own_it(roles_dir: Path, inv_dir
     """Issue 33.5: confinement was decided by the role's own name: a role called poweroff
     placed and enabled poweroff.target, one called etc mounted over /etc, vllm, ssh and
     systemd overrode those services. allow.yml is the only way past it."""
-    mine = roles_dir / role
-    (mine / "templates").mkdir(parents=True)
-    (mine / "templates" / "t.j2").write_text("[Unit]\n")
-    (mine / "role.yml").write_text(spec + "\n")
+    _user_role(roles_dir, role, spec + "\n")
     with pytest.raises(ConfigError, match="it is the host's or vigil's own") as err:
         inventory.load(inv_dir, roles_dir)
     assert f"roles/{role}/role.yml" in str(err.value) and "allow.yml" in str(err.value)
@@ -428,10 +431,8 @@ def test_a_role_named_for_a_system_unit_does_not_own_it(roles_dir: Path, inv_dir
 
 
 def test_a_role_still_owns_its_own_services_and_timers(roles_dir: Path, inv_dir: Path) -> None:
-    mine = roles_dir / "gpu-exporter"
-    (mine / "templates").mkdir(parents=True)
-    (mine / "templates" / "t.j2").write_text("[Unit]\n")
-    (mine / "role.yml").write_text(
+    _user_role(
+        roles_dir, "gpu-exporter",
         "files: [{template: t.j2, dest: /etc/systemd/system/gpu-exporter.service},\n"
         "        {template: t.j2, dest: /etc/systemd/system/vigil-gpu-exporter.timer}]\n"
         "enable: [gpu-exporter.service, vigil-gpu-exporter.timer]\n")
@@ -442,12 +443,10 @@ def test_render_masks_secrets_at_any_depth_and_keeps_a_role_files_mode(
         roles_dir: Path, inv_dir: Path, tmp_path: Path) -> None:
     """Issue 33 (minor): overrides.env.HF_TOKEN and a role default named *_token were
     printed by render; a 0600 role file was written 0644 under --out."""
-    mine = roles_dir / "hub"
-    (mine / "templates").mkdir(parents=True)
-    (mine / "templates" / "t.j2").write_text("token={{ hub_token }}\n")
-    (mine / "defaults.yml").write_text("hub_token: hub-role-secret\nhub_port: 7\n")
-    (mine / "role.yml").write_text(
-        "files: [{template: t.j2, dest: /etc/vigil/hub/hub.conf, mode: '0600'}]\n")
+    _user_role(roles_dir, "hub",
+               "files: [{template: t.j2, dest: /etc/vigil/hub/hub.conf, mode: '0600'}]\n",
+               template="token={{ hub_token }}\n",
+               defaults="hub_token: hub-role-secret\nhub_port: 7\n")
     inv = inventory.load(inv_dir, roles_dir)
     (t,) = resolve(inv, "llm-one", model="glm-5", operator_env=ENV, require_secrets=False,
                    sets=["roles=[runtime,service,hub]",
@@ -464,10 +463,8 @@ def test_check_names_what_only_allow_yml_lets_a_role_touch(roles_dir: Path,
                                                            inv_dir: Path) -> None:
     """Issue 33.5: allow.yml is the only way past confinement, and the plan says when a
     file or unit goes through it; the role's own files and units say nothing more."""
-    mine = roles_dir / "proxy"
-    (mine / "templates").mkdir(parents=True)
-    (mine / "templates" / "t.j2").write_text("x\n")
-    (mine / "role.yml").write_text(
+    _user_role(
+        roles_dir, "proxy",
         "files: [{template: t.j2, dest: /etc/nginx/conf.d/vllm.conf, restart: nginx.service},\n"
         "        {template: t.j2, dest: /etc/vigil/proxy/own.conf}]\n"
         "enable: [nginx.service]\n")
