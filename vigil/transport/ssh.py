@@ -428,8 +428,9 @@ class SSHTransport(Closing):
                     told = max(told - drop, 0)
                     del err[:drop]
             if not got:
-                if channel.closed or (channel.eof_received and not channel.recv_ready()
-                                      and not channel.recv_stderr_ready()):
+                # the flags first: bytes reach the buffers before EOF or close is marked
+                ended = channel.closed or channel.eof_received
+                if ended and not channel.recv_ready() and not channel.recv_stderr_ready():
                     break
                 wait = 0.2 if deadline is None else min(0.2, deadline - time.monotonic())
                 select.select([channel], [], [], max(wait, 0))
