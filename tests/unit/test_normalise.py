@@ -86,8 +86,13 @@ def _sgr(line: str) -> str:  # vLLM's own colouring of its process prefix
     return f"\x1b[32m{line}\x1b[0m"
 
 
+_PROCESS = re.compile(r"\([A-Za-z_][\w-]* pid=\d+")  # vLLM's own: "(EngineCore_DP0 pid=12)"
+
+
 def _outer_prefix(line: str) -> str:  # a relay's process prefix outside vLLM's own
-    return f"(RayWorkerWrapper pid=4242, ip=10.0.0.7) {line}" if line.startswith("(") else line
+    # only around a line of a vLLM process: "(gan_vllm2) user@host:~$" is a shell prompt
+    return f"(RayWorkerWrapper pid=4242, ip=10.0.0.7) {line}" if _PROCESS.match(line) \
+        else line
 
 
 WRAPPERS = {
