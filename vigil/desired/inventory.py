@@ -35,12 +35,13 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vigil.desired import ansible
+from vigil.desired import ansible, sshconfig
 from vigil.desired import lock as lockfile
 from vigil.desired import roles as roles_mod
 from vigil.desired.ansible import Parsed
@@ -50,6 +51,7 @@ from vigil.desired.config import (
     HostsFile,
     HostVars,
     ModelProfile,
+    check_address,
     check_name,
     phase_error,
     unknown_phase,
@@ -135,11 +137,30 @@ class Resolved:
     user_roles: tuple[roles_mod.Role, ...]  # in the order the host lists them
     # variable -> the file (or flag) its value came from; a dict's keys dotted (env.A)
     origin: dict[str, str]
+    ssh: sshconfig.SshConfig | None = None  # what the user's ssh config says (ssh hosts)
 
     def shown(self) -> list[tuple[str, object, str]]:
         """(variable, value, origin) for every variable, for `invoke render`."""
         values = {**self.vars.model_dump(), **self.role_vars}
         return [(k, values[k], self.origin.get(k, "vigil default")) for k in sorted(values)]
+
+
+class Notes:
+    """Warnings found while hosts are resolved (what ssh config sets that vigil does
+    not follow), each said once per run; ``sink`` is the task's stderr."""
+
+    def __init__(self) -> None:
+        self.sink: Callable[[str], None] | None = None
+        self.seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def once(self, key: str, line: str) -> None:
+        with self._lock:
+            if key in self.seen:
+                return
+            self.seen.add(key)
+        if self.sink is not None:
+            self.sink(line)
 
 
 @dataclass(frozen=True)
@@ -155,6 +176,7 @@ class Inventory:
     hosts_file: Path | None = None  # the main hosts file, named by errors
     warnings: tuple[str, ...] = ()  # files and variables vigil does not read
     ansible: bool = False  # a hosts file is Ansible's: foreign variables are warnings
+    notes: Notes = field(default_factory=Notes, compare=False, repr=False)
 
     # -- selection -----------------------------------------------------------
     def select(self, pattern: str) -> list[str]:
@@ -309,6 +331,8 @@ class Inventory:
             local = merged.get("connection") == "local"
             merged["address"] = "127.0.0.1" if local else host
             origin["address"] = ADDRESS_LOCAL if local else ADDRESS_NAME
+        ssh = None if merged.get("connection") == "local" else \
+            self._ssh_config(host, merged, origin)
         if not merged.get("known_hosts") and (
                 merged.get("host_key") == "accept-new" or (self.root / "known_hosts").is_file()):
             # trust on first use writes to the inventory's own file, never ~/.ssh; and a
@@ -328,7 +352,42 @@ class Inventory:
         hv = parse_traced(HostVars, merged, f"variables of host {host}",
                           {k: files.get(v, v) for k, v in origin.items()})
         user_roles = tuple(self.roles[n] for n in chosen if n not in roles_mod.BUILTIN)
-        return Resolved(hv, role_vars, user_roles, origin)
+        return Resolved(hv, role_vars, user_roles, origin, ssh)
+
+    def _ssh_config(self, host: str, merged: dict[str, Any],
+                    origin: dict[str, str]) -> sshconfig.SshConfig | None:
+        """The user's ssh config for the host's address, as OpenSSH resolves it: its
+        User, Port and ConnectTimeout fill what the inventory does not set (shown "from
+        ssh config"); each option vigil does not follow is one warning per run."""
+        address = merged.get("address")
+        if not isinstance(address, str):
+            return None  # HostVars refuses it, naming the file
+        try:
+            check_address(address)
+        except ValueError:
+            return None
+        found = sshconfig.lookup(address)
+        for option, key, kind in (("user", "ssh_user", str), ("port", "ssh_port", int),
+                                  ("connecttimeout", "connect_timeout_s", float)):
+            value = found.get(option)
+            where = origin.get(key, "")
+            by_default = where.startswith("roles/") and where.endswith("/defaults.yml")
+            if (key in merged and not by_default) or value is None or value == "none":
+                continue  # the inventory's own value wins; a role's default does not
+            try:
+                merged[key] = kind(value)  # ssh -G checked it; paramiko's read did not
+            except ValueError:
+                raise ConfigError(f"ssh config sets {option} {value!r} for {address}",
+                                  key=f"host {host}", fix=f"fix {option} in the ssh config "
+                                  f"({found.via.removeprefix('from ssh config ')})") from None
+            origin[key] = found.via
+        for note in found.notes:
+            self.notes.once(note, note)
+        for option, value, why in found.overridden():
+            self.notes.once(f"ssh:{option}", f"ssh config sets {option} {value} for "
+                            f"{address} (host {host}, {found.via.removeprefix('from ')}): "
+                            f"not followed; {why}")
+        return found
 
     def role_keys(self) -> set[str]:
         """Variables the user roles define (accepted in host/group files and --set)."""

@@ -97,5 +97,23 @@ def variables(t: Target) -> list[str]:
     values = {**t.vars.model_dump(), **t.role_vars}
     secrets = frozenset(t.vars.secret_env)
     width = max(len(k) for k in values)
-    return [f"{k:<{width}} = {_shown(k, values[k], secrets)}  "
-            f"({origin_of(k, values[k], t.origin)})" for k in sorted(values)]
+    lines = [f"{k:<{width}} = {_shown(k, values[k], secrets)}  "
+             f"({origin_of(k, values[k], t.origin)})" for k in sorted(values)]
+    return lines + ssh_lines(t)
+
+
+# what ssh config says that no host variable shows (ssh_user, ssh_port and
+# connect_timeout_s show their own origin)
+SSH_SHOWN = ("hostname", "identityfile", "proxyjump", "proxycommand", "userknownhostsfile",
+             "globalknownhostsfile")
+
+
+def ssh_lines(t: Target) -> list[str]:
+    """The connection options ssh config sets for the host's address, from ssh config."""
+    if t.ssh is None:
+        return []
+    found = [(k, " ".join(t.ssh.values[k])) for k in SSH_SHOWN if t.ssh.values.get(k)]
+    if not found:
+        return []
+    return [f"ssh config for {t.ssh.name}:"] + [
+        f"  {k} = {json.dumps(v)}  ({t.ssh.via})" for k, v in found]

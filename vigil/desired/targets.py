@@ -18,6 +18,7 @@ from vigil.desired.group_spec import group_of
 from vigil.desired.inventory import Inventory, local_inputs, merge
 from vigil.desired.render import TEMPLATES, Rendered, Secrets, TemplateDirs, render
 from vigil.desired.roles import RenderedRole, render_role
+from vigil.desired.sshconfig import SshConfig
 from vigil.desired.stacks import Stack
 from vigil.desired.yamlfile import did_you_mean, fields_at, load_yaml
 from vigil.errors import ConfigError, RefusedError
@@ -34,6 +35,7 @@ class Target:
     origin: Mapping[str, str] = field(default_factory=dict)  # variable -> where it was set
     role_vars: Mapping[str, Any] = field(default_factory=dict)  # user roles' variables
     gpus_needed: int | None = None  # a node group's node: its share of the layout
+    ssh: SshConfig | None = None  # what the user's ssh config says for it (render shows it)
 
     def takes(self, role: str) -> bool:
         return role in self.vars.roles
@@ -164,7 +166,7 @@ def resolve(
         user = tuple(render_role(r, name, values) for r in resolved.user_roles)
         _check_dests(name, user, (rendered.paths.unit, rendered.paths.env))
         targets.append(Target(name, hv, profile, st, rendered, user, resolved.origin,
-                              resolved.role_vars))
+                              resolved.role_vars, ssh=resolved.ssh))
     return targets
 
 

@@ -214,6 +214,8 @@ def load_inventory(c: Context) -> inventory.Inventory:
     inv = inventory.load(setting(c, "inventory"), roles_dirs(c))
     for line in inv.warnings:
         echo(f"warning: {line}", file=sys.stderr)
+    # what resolving a host finds (ssh config options vigil does not follow), once each
+    inv.notes.sink = lambda line: echo(f"warning: {line}", file=sys.stderr)
     return inv
 
 

@@ -17,6 +17,7 @@ from typing import cast
 
 import paramiko
 
+from vigil.desired import sshconfig
 from vigil.desired.config import HostVars
 from vigil.errors import (
     ConfigError,
@@ -92,7 +93,7 @@ class _SSHHeld:
 class SSHTransport(Closing):
     def __init__(self, name: str, host: HostVars,
                  note: Callable[[str], None] | None = None) -> None:
-        from fabric import Connection
+        from fabric import Config, Connection
 
         self.name = name
         self.host = host
@@ -100,8 +101,18 @@ class SSHTransport(Closing):
         # Checks run before every command (host_lock adds one): a lost lock stops the
         # host here instead of a silent reconnect carrying on without it.
         self.guards: list[Callable[[], None]] = []
-        connect_kwargs: dict[str, object] = {"banner_timeout": host.connect_timeout_s,
-                                             "auth_timeout": host.connect_timeout_s}
+        given = host.model_fields_set
+        # ~/.ssh/config as OpenSSH resolves it (Include, Match: vigil/desired/sshconfig.py),
+        # for the host and each ProxyJump hop; Fabric is handed the result, never the files
+        # (its parser follows no Include)
+        configs = sshconfig.with_hops(host.address)
+        resolved = configs[host.address]
+        timeout = host.connect_timeout_s
+        said = resolved.get("connecttimeout")
+        if "connect_timeout_s" not in given and said and said.isdigit() and int(said) > 0:
+            timeout = float(said)
+        connect_kwargs: dict[str, object] = {"banner_timeout": timeout,
+                                             "auth_timeout": timeout}
         if host.ssh_key:
             key = Path(host.ssh_key).expanduser()
             if not key.is_file():  # local input: refused before anything is contacted
@@ -112,12 +123,13 @@ class SSHTransport(Closing):
         # ~/.ssh/config decides what the inventory does not (as ssh and Ansible do): its
         # User, Port, HostName, IdentityFile and ProxyJump; vigil's defaults (root, 22)
         # only where neither says.
-        given = host.model_fields_set
         self.conn = Connection(
             host.address,
             user=host.ssh_user if "ssh_user" in given else None,
             port=host.ssh_port if "ssh_port" in given else None,
             connect_kwargs=connect_kwargs,
+            config=Config(ssh_config=paramiko.SSHConfig.from_text(
+                sshconfig.as_paramiko_text(configs))),
         )
         if "ssh_user" not in given and "user" not in self.conn.ssh_config:
             self.conn.user = host.ssh_user
@@ -126,7 +138,8 @@ class SSHTransport(Closing):
         self.login_user: str = str(self.conn.user)
         self.login_port: int = int(self.conn.port)
         # Fabric truncates a connect timeout to int (0.5 s -> 0 = none at all).
-        self.conn.connect_timeout = host.connect_timeout_s
+        self.conn.connect_timeout = timeout
+        self.timeout = timeout
         client = self.conn.client
         self.key_files: list[Path] = []
         self.known = KnownHosts()
@@ -148,7 +161,7 @@ class SSHTransport(Closing):
             # no pins for a hop: the pins are the target's own key
             self._check_keys(hop.client, host.model_copy(update={"host_key_fingerprints": []}),
                              note, hop=f"{hop.user}@{hop.host}:{hop.port}")
-            hop.connect_timeout = host.connect_timeout_s
+            hop.connect_timeout = self.timeout
             hop = hop.gateway
 
     def _check_keys(self, client: paramiko.SSHClient, host: HostVars,
@@ -272,7 +285,7 @@ class SSHTransport(Closing):
             text = str(exc)
             # A banner timeout kills paramiko's transport thread; the client then only
             # reports "No existing session".
-            quick = time.monotonic() - started < self.host.connect_timeout_s / 2
+            quick = time.monotonic() - started < self.timeout / 2
             if quick and "banner" in text.lower():
                 raise UnreachableError(
                     self.name, f"{self._where()} closed the connection before its SSH banner "
@@ -283,7 +296,7 @@ class SSHTransport(Closing):
             if "banner" in text.lower() or "no existing session" in text.lower():
                 raise UnreachableError(
                     self.name,
-                    f"timed out after {self.host.connect_timeout_s:g} s waiting for the SSH "
+                    f"timed out after {self.timeout:g} s waiting for the SSH "
                     f"banner of {self._where()} (the port answers, sshd does not)",
                     fix="check that sshd (not another service) listens there and is not "
                     "overloaded, or raise connect_timeout_s",
@@ -297,7 +310,7 @@ class SSHTransport(Closing):
         except TimeoutError:
             raise UnreachableError(
                 self.name,
-                f"timed out after {self.host.connect_timeout_s:g} s connecting to {self._where()}",
+                f"timed out after {self.timeout:g} s connecting to {self._where()}",
                 fix="check the address and that sshd is up, or raise connect_timeout_s",
             ) from None
         except OSError as exc:
