@@ -852,8 +852,8 @@ def test_shm_broadcast_notices_while_workers_progress_are_neither_slow_nor_stall
 QUOTA_30S = Budgets(stall_s={p: 30.0 for p in reducer.PHASES})
 
 
-def _quiet(t: float, load: CpuLoad | None) -> Snapshot:
-    return _snap(t, cpu=5.0, state="S").model_copy(update={"cpu_load": load})
+def _quiet(t: float, load: CpuLoad | None, state: str = "S") -> Snapshot:
+    return _snap(t, cpu=5.0, state=state).model_copy(update={"cpu_load": load})
 
 
 def _throttled(t: float, share: float) -> CpuLoad:
@@ -862,11 +862,12 @@ def _throttled(t: float, share: float) -> CpuLoad:
                    throttled_us=int(t * share * 1e6), steal_ticks=0, total_ticks=int(400 * t))
 
 
-def _quiet_start(load: Callable[[float], CpuLoad | None], until: float) -> list[Snapshot]:
+def _quiet_start(load: Callable[[float], CpuLoad | None], until: float,
+                 state: str = "S") -> list[Snapshot]:
     first = _snap(0, "(APIServer pid=7) INFO 05-15 03:31:20 [api_server.py:1839] vLLM API "
                      "server version 0.11.0", cpu=5.0, state="R")
     return [first.model_copy(update={"cpu_load": load(0.0)})] + [
-        _quiet(5.0 * i, load(5.0 * i)) for i in range(1, int(until / 5) + 1)]
+        _quiet(5.0 * i, load(5.0 * i), state) for i in range(1, int(until / 5) + 1)]
 
 
 def test_a_starved_tree_is_slow_where_the_same_trace_unstarved_is_stalled() -> None:
@@ -913,9 +914,20 @@ def test_a_tree_the_host_does_not_starve_is_stalled(
 ])
 def test_pressure_and_steal_are_starvation_too(
         load: Callable[[float], CpuLoad | None], what: str) -> None:
-    st = fold(_quiet_start(load, 40), QUOTA_30S)
+    st = fold(_quiet_start(load, 40, state="R"), QUOTA_30S)  # a task that wants the CPU
     assert st[6].verdict == "slow" and what in st[6].summary
     assert all(s.verdict != "stalled" for s in st)
+
+
+@pytest.mark.parametrize("state", ["T", "S", "D"])
+def test_a_busy_host_never_stretches_the_window_of_a_tree_that_does_not_run(
+        state: str) -> None:
+    """The host's own pressure says nothing of a frozen (SIGSTOP: tests/lab/
+    test_verify_live.py's stopped worker) or sleeping tree: on a loaded CI machine it
+    stalled 4x late. Only a runnable tree is held back by the rest of the host."""
+    busy = fold(_quiet_start(lambda t: CpuLoad(host_pressure_some_us=int(0.95 * t * 1e6)),
+                             60, state=state), QUOTA_30S)
+    assert busy[-1].verdict == "stalled" and busy[-1].now == 30
 
 
 def test_a_plain_log_is_never_stretched_and_a_starvation_share_is_bounded() -> None:

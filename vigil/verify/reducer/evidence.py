@@ -21,10 +21,12 @@ def _baseline(snap: Snapshot) -> Baseline:
     procs = snap.processes
     cpu: dict[int, float] | None = None
     alive: bool | None = None
+    runnable: bool | None = None
     rss: int | None = None
     if procs is not None and procs.error is None:
         cpu = {p.pid: p.cpu_s for p in procs.items}
         alive = any(p.state not in ("Z", "X", "x") for p in procs.items)
+        runnable = any(p.state == "R" for p in procs.items)
         rss = procs.rss_bytes
     gpus = snap.gpus
     gpu = None
@@ -44,6 +46,7 @@ def _baseline(snap: Snapshot) -> Baseline:
         cache_newest=cache.newest_mtime if cache is not None and readable else None,
         cpu_load=snap.cpu_load if snap.cpu_load is not None and snap.cpu_load.error is None
         else None,
+        runnable=runnable,
     )
 
 
@@ -126,9 +129,9 @@ def starvation(a: Baseline | None, b: Baseline) -> tuple[float, str, float] | No
     """How much of the time between two polls the host kept the tree from the CPU, when
     it is at least STARVED: (share, what says so, seconds). The unit's own counters come
     first: its quota's throttled periods (cgroup cpu.stat, v1 or v2), then its tasks'
-    CPU pressure (cpu.pressure, else the host's /proc/pressure/cpu); and the
-    hypervisor's steal (/proc/stat). A hung tree runs nothing, so it is neither
-    throttled nor under pressure of its own."""
+    CPU pressure (cpu.pressure, else the host's /proc/pressure/cpu while a task of the
+    tree is runnable); and the hypervisor's steal (/proc/stat). A hung tree runs nothing,
+    so it is neither throttled nor under pressure of its own."""
     if a is None or a.cpu_load is None or b.cpu_load is None:
         return None
     wall = b.time - a.time
@@ -145,7 +148,10 @@ def starvation(a: Baseline | None, b: Baseline) -> tuple[float, str, float] | No
     own = _delta(x.pressure_some_us, y.pressure_some_us)
     if own is not None:
         seen.append((own / (wall * 1e6), "waiting for a CPU"))
-    elif (host := _delta(x.host_pressure_some_us, y.host_pressure_some_us)) is not None:
+    elif b.runnable and (host := _delta(x.host_pressure_some_us,
+                                        y.host_pressure_some_us)) is not None:
+        # the host's pressure says the tree is starved only while the tree wants the CPU:
+        # a frozen (SIGSTOP) or sleeping tree on a busy host is stuck, not held back
         seen.append((host / (wall * 1e6), "the host's tasks waiting for a CPU"))
     steal, total = _delta(x.steal_ticks, y.steal_ticks), _delta(x.total_ticks, y.total_ticks)
     if steal is not None and total:

@@ -142,6 +142,9 @@ class Baseline:
     cache_files: int | None
     cache_newest: float | None
     cpu_load: CpuLoad | None = None  # the host's CPU counters (throttling, pressure, steal)
+    # a task of the tree runnable at this poll (state R): only such a tree can be kept from
+    # the CPU by the rest of the host; a stopped (T) or sleeping one is not starved
+    runnable: bool | None = None
 
 
 @dataclass(frozen=True)
