@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vigil.verify import catalog, reducer
+from vigil.verify import prefilter as _prefilter
 from vigil.verify.budgets import Budgets
 from vigil.verify.snapshot import Journal, LogLine, Snapshot
 
@@ -157,37 +158,61 @@ class Run:
 
 
 def run(snapshots: Iterable[Snapshot], budgets: Budgets | None = None, *,
-        log_only: bool = False) -> Run:
+        log_only: bool = False, prefilter: bool = False) -> Run:
     """Fold snapshots through the reducer, a fresh state for every start (a trace is one
-    watch of one start: folded whole)."""
+    watch of one start: folded whole). ``prefilter``: a plain log's lines that no rule
+    can match skip the reducer once a start is settled (vigil/verify/prefilter.py), and
+    a run of polls left with no line is folded as its last one (a settled start's empty
+    poll moves only its clock): the same report, fewer `polls`."""
     b = budgets or Budgets()
     state = reducer.initial()
     earlier: list[Attempt] = []
     total = 1
     splitter = Splitter()
+    idle: Snapshot | None = None  # the last of a run of polls whose lines all skipped
+
+    def fold(part: Snapshot) -> reducer.WatchState:
+        nonlocal idle
+        st = state
+        if idle is not None:
+            st, idle = reducer.step(st, idle, b, log_only=True), None
+        return reducer.step(st, part, b, log_only=True)
+
     for snap in snapshots:
         if not log_only:
             state = reducer.step(state, snap, b)
             continue
         lines = snap.journal.lines
-        start = 0
-        for i, ln in enumerate(lines):
+        part: list[LogLine] = []  # the lines of this part the reducer gets
+        had = 0  # the lines of this part, skipped ones too
+        skipping = prefilter and _prefilter.settled(state)
+        for ln in lines:
             cand = splitter.candidate(ln.text)
-            if cand is None:
+            if cand is not None:
+                if had:  # what came before it in this second is the attempt's
+                    state = fold(_with_lines(snap, tuple(part)))
+                    part, had = [], 0
+                if idle is not None:
+                    state, idle = reducer.step(state, idle, b, log_only=True), None
+                if splitter.begins(state, cand) and state.polls:
+                    earlier.append(_attempt(state))
+                    if len(earlier) > MAX_ATTEMPTS:
+                        del earlier[0]
+                    total += 1
+                    state = reducer.initial()
+                skipping = prefilter and _prefilter.settled(state)
+            had += 1
+            if skipping and not _prefilter.passes(ln.text):
                 continue
-            if i > start:  # what came before it in this second is the attempt's
-                state = reducer.step(state, _with_lines(snap, lines[start:i]), b,
-                                     log_only=True)
-                start = i
-            if splitter.begins(state, cand) and state.polls:
-                earlier.append(_attempt(state))
-                if len(earlier) > MAX_ATTEMPTS:
-                    del earlier[0]
-                total += 1
-                state = reducer.initial()
-        if start < len(lines) or not lines:
-            part = snap if start == 0 else _with_lines(snap, lines[start:])
-            state = reducer.step(state, part, b, log_only=True)
+            skipping = False  # from a line a rule may match on, the reducer gets them all
+            part.append(ln)
+        if had and not part and skipping:
+            idle = _with_lines(snap, ())
+        elif had or not lines:
+            whole = had == len(lines) and len(part) == had
+            state = fold(snap if whole else _with_lines(snap, tuple(part)))
+    if idle is not None:
+        state = reducer.step(state, idle, b, log_only=True)
     return Run(state, earlier, total)
 
 

@@ -32,6 +32,7 @@ from vigil.verify import reducer
 from vigil.verify.attempts import run as run_attempts
 from vigil.verify.budgets import Budgets
 from vigil.verify.catalog import normalise, strip_ansi
+from vigil.verify.prefilter import verbatim
 from vigil.verify.reducer import Verdict
 from vigil.verify.snapshot import Journal, LogLine, Snapshot
 
@@ -79,6 +80,9 @@ class Years:
         self.now = time.time() if now is None else now
         self.year = year
         self.last: float | None = None
+        self._last_stamp = ""  # the last stamp through `stamp`, its epoch and year
+        self._last_t = -1.0
+        self._last_year: int | None = None
 
     def _first(self, month: int, day: int, h: int, m: int, s: int) -> int:
         year = time.gmtime(self.now).tm_year
@@ -91,6 +95,19 @@ class Years:
                 break
             year -= 1
         return year
+
+    def stamp(self, text: str) -> float:
+        """``epoch`` of vLLM's stamp "MM-DD hh:mm:ss". A day's log repeats each second's
+        stamp: the same stamp again, with the year where it was and nothing that would
+        step it, is the same epoch (and changes nothing), so it is not computed again."""
+        t = self._last_t
+        if text == self._last_stamp and self.year == self._last_year and t >= 0 \
+                and self.last is not None and not t < self.last - HALF_YEAR_S:
+            return t
+        t = self.epoch(int(text[0:2]), int(text[3:5]), int(text[6:8]), int(text[9:11]),
+                       int(text[12:14]), None)
+        self._last_stamp, self._last_t, self._last_year = text, t, self.year
+        return t
 
     def epoch(self, month: int, day: int, h: int, m: int, s: int,
               frac: str | None) -> float:
@@ -122,6 +139,14 @@ def split_log_line(raw: str, *, year: int | None = None,
     takes it from ``years`` (one per log, see Years), else ``year``, else this year's
     rule."""
     yearless = years or Years(year=year)
+    if raw[:1] == "(" and verbatim(raw):
+        # vLLM's own line as it wrote it (the common line of a day's log): no journal
+        # prefix can start with "(" and the normaliser would leave it as it is
+        v = _VLLM.search(raw)
+        if v is None:
+            return None, raw
+        t = yearless.stamp(v.group(0)[-14:])
+        return (t if t >= 0 else None), raw
     # Colour first: vLLM colours its prefix and level on a terminal (through `script`,
     # tmux or `docker logs -t` that reaches files), which hides the stamps below.
     raw = strip_ansi(raw)
@@ -424,16 +449,19 @@ class Replayed:
 def replay_run(
     snapshots: Iterable[Snapshot] | str | Path, budgets: Budgets | None = None, *,
     kind: str = "trace", file: str | None = None, keep: bool = False,
+    prefilter: bool = True,
 ) -> Replayed:
     """Replay snapshots, or the file a path names (its kind detected); ``keep`` also
-    keeps the snapshots (memory then grows with the input)."""
+    keeps the snapshots (memory then grows with the input). ``prefilter``: lines that no
+    rule can match skip the reducer once the start is settled (vigil/verify/prefilter.py;
+    the same report either way, tests/unit/test_prefilter.py)."""
     if isinstance(snapshots, (str, Path)):
         file = str(snapshots)
         kind, snapshots = stream(snapshots)
     log_only = kind != "trace"
     kept: list[Snapshot] = []
     counted = _Counted(snapshots, kept if keep else None)
-    got = run_attempts(counted, budgets, log_only=log_only)
+    got = run_attempts(counted, budgets, log_only=log_only, prefilter=prefilter)
     state = got.state
     if counted.n == 0:
         raise ConfigError("no log lines in the file", file=file,
