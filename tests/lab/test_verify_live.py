@@ -273,8 +273,11 @@ def test_sigstop_of_the_worker_during_compile_is_stalled_in_that_phase(host: Pat
     assert st is not None
     assert st.verdict == "stalled", st.proof
     assert st.cause == "stalled_compiling"
-    # Within the window: its length after the freeze, plus a poll or two of slack.
-    assert st.now is not None and st.now - stopped[0] <= SHORT_STALL_S + 3 * POLL_S
+    # Within the window: its length after the freeze, plus a poll or two of slack; or,
+    # where the rest of the tree still ran on a loaded machine and the reducer held it
+    # back for that (the proof says "stretched to"), within the stretched window.
+    stretch = reducer.MAX_STRETCH if "stretched to" in (st.proof or "") else 1.0
+    assert st.now is not None and st.now - stopped[0] <= SHORT_STALL_S * stretch + 3 * POLL_S
 
 
 def test_operator_stop_during_verify_is_stopped_not_crashed(host: Path) -> None:

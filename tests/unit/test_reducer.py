@@ -930,6 +930,19 @@ def test_a_busy_host_never_stretches_the_window_of_a_tree_that_does_not_run(
     assert busy[-1].verdict == "stalled" and busy[-1].now == 30
 
 
+def test_a_tree_that_ran_a_little_on_a_busy_host_is_held_back() -> None:
+    """tests/lab/test_verify_live.py's quota start (SIGSTOP 60 % of the time): stopped or
+    sleeping at most polls, it still ran between them; the host's pressure then counts."""
+    pressure = lambda t: CpuLoad(host_pressure_some_us=int(0.9 * t * 1e6))  # noqa: E731
+    snaps = _quiet_start(pressure, 60, state="T")
+    ran = [snaps[0], *(s.model_copy(update={"processes": s.processes.model_copy(update={
+        "items": [p.model_copy(update={"cpu_s": 5.0 + 0.1 * s.time})
+                  for p in s.processes.items]})}) for s in snaps[1:] if s.processes)]
+    st = fold(ran, QUOTA_30S)
+    assert all(x.verdict != "stalled" for x in st[:13]) and st[6].verdict == "slow"
+    assert "the host's tasks waiting for a CPU 90 %" in st[6].summary
+
+
 def test_a_plain_log_is_never_stretched_and_a_starvation_share_is_bounded() -> None:
     from vigil.verify.reducer.evidence import starvation, stretched
     assert stretched(30.0, 1.0) == 30.0 * reducer.MAX_STRETCH

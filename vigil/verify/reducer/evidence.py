@@ -125,13 +125,23 @@ def _delta(a: int | None, b: int | None) -> int | None:
     return b - a if a is not None and b is not None and b >= a else None
 
 
+# CPU seconds per wall second a tree must have used to be one the host holds back: a
+# frozen or sleeping vLLM tree uses next to none (its API server idles)
+RAN = 0.02
+
+
+def _ran(a: Baseline, b: Baseline, wall: float) -> bool:
+    cpu = _cpu_delta(a, b)
+    return (cpu is not None and cpu >= RAN * wall) or bool(b.runnable)
+
+
 def starvation(a: Baseline | None, b: Baseline) -> tuple[float, str, float] | None:
     """How much of the time between two polls the host kept the tree from the CPU, when
     it is at least STARVED: (share, what says so, seconds). The unit's own counters come
     first: its quota's throttled periods (cgroup cpu.stat, v1 or v2), then its tasks'
-    CPU pressure (cpu.pressure, else the host's /proc/pressure/cpu while a task of the
-    tree is runnable); and the hypervisor's steal (/proc/stat). A hung tree runs nothing,
-    so it is neither throttled nor under pressure of its own."""
+    CPU pressure (cpu.pressure, else the host's /proc/pressure/cpu when the tree ran in
+    that time or is runnable now); and the hypervisor's steal (/proc/stat). A hung tree
+    runs nothing, so it is neither throttled nor under pressure of its own."""
     if a is None or a.cpu_load is None or b.cpu_load is None:
         return None
     wall = b.time - a.time
@@ -148,10 +158,11 @@ def starvation(a: Baseline | None, b: Baseline) -> tuple[float, str, float] | No
     own = _delta(x.pressure_some_us, y.pressure_some_us)
     if own is not None:
         seen.append((own / (wall * 1e6), "waiting for a CPU"))
-    elif b.runnable and (host := _delta(x.host_pressure_some_us,
-                                        y.host_pressure_some_us)) is not None:
-        # the host's pressure says the tree is starved only while the tree wants the CPU:
-        # a frozen (SIGSTOP) or sleeping tree on a busy host is stuck, not held back
+    elif _ran(a, b, wall) and (host := _delta(x.host_pressure_some_us,
+                                              y.host_pressure_some_us)) is not None:
+        # the host's pressure says the tree is starved only when the tree ran in that
+        # time (it wants the CPU and gets some): a frozen (SIGSTOP) or sleeping tree on a
+        # busy host is stuck, not held back
         seen.append((host / (wall * 1e6), "the host's tasks waiting for a CPU"))
     steal, total = _delta(x.steal_ticks, y.steal_ticks), _delta(x.total_ticks, y.total_ticks)
     if steal is not None and total:
