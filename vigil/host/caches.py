@@ -84,7 +84,7 @@ def as_user(uid: int, gid: int, work: Callable[[], Json]) -> Json:
     its JSON reply through a pipe. What it reads, writes, renames or removes, that user
     could have done itself: root never acts by path inside a directory the user controls
     (where a rename or a planted link behind a check would turn root's chown or read onto
-    a file of root's). An exception is ``{"error": …}``. The same user: in this process."""
+    a file of root's). An exception is ``{"error": ...}``. The same user: in this process."""
     if os.geteuid() == uid:
         try:
             return work()
