@@ -114,7 +114,8 @@ class VigilProgram(Program):
 
     def run(self, argv: list[str] | None = None, exit: bool = True) -> None:
         try:
-            super().run(help_first(list(sys.argv if argv is None else argv)), exit)
+            super().run(init_here(help_first(list(sys.argv if argv is None else argv))),
+                        exit)
         except SystemExit as done:
             if self.usage_error:
                 raise SystemExit(int(ExitCode.BAD_INPUT)) from None
@@ -130,6 +131,30 @@ def help_first(argv: list[str]) -> list[str]:
     if task is not None and any(w in ("--help", "-h") for w in argv[task + 1:]):
         return [argv[0], "--help", argv[task]]
     return argv
+
+
+def init_here(argv: list[str]) -> list[str]:
+    """`vigil init` with no DIR is `vigil init .`, as its help says: Invoke requires every
+    positional argument, so "." goes in before it parses (issue 29.10)."""
+    names = set(ns.task_names)
+    task = next((i for i, word in enumerate(argv[1:], 1) if word in names), None)
+    if task is None or argv[task] != "init":
+        return argv
+    takes_value = {f"--{a.name.replace('_', '-')}" for a in ns["init"].get_arguments()
+                   if a.kind is not bool} | {f"-{n}" for a in ns["init"].get_arguments()
+                                              if a.kind is not bool for n in a.names
+                                              if len(n) == 1}
+    rest = argv[task + 1:]
+    i = 0
+    while i < len(rest):
+        word = rest[i]
+        if word in names:
+            break  # the next task
+        if word.startswith("-"):
+            i += 2 if word in takes_value else 1
+            continue
+        return argv  # DIR given
+    return [*argv[:task + 1], ".", *rest]
 
 
 program = VigilProgram(namespace=ns, name="vigil", binary="vigil", version=__version__)
