@@ -143,7 +143,7 @@ def apply_plan(transport: Transport, t: Target, plan: Plan, say: Callable[[str],
                tried: list[str] | None = None) -> None:
     """Apply the plan; ``done`` gets the kind of every action the host completed, also
     when a later one fails (a group's rollback asks whether the backup was taken);
-    ``tried`` every action's the host ran, failed ones too (a failed ``systemctl
+    ``tried`` every action the host ran, failed ones too (a failed ``systemctl
     restart`` has stopped the old process first: the host no longer serves it).
     ``before_stop`` (the drain) runs after the install, which may last minutes and fail
     with the old release serving, and right before the round trip that restarts. A

@@ -449,7 +449,8 @@ def _fetch(transport: Transport, t: Target, packed: Mapping[str, Any], into: Pat
 def _checked(packed: Mapping[str, Any], path: Path) -> tuple[int, int]:
     """(files, bytes unpacked) of a blob brought here, from the controller's own reading
     of it: a tar.gz of plain files and directories of its entry, within the host's
-    bounds; HostError names what is wrong (it is then never kept)."""
+    bounds; ValueError names what is wrong (harvest makes it the host's HostError, and
+    the blob is never kept)."""
     with path.open("rb") as fh:
         try:
             members, total = caches.check_pack(fh, str(packed["entry"]))
