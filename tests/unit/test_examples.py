@@ -12,6 +12,8 @@ vendored checkout) and publish JUnit.
 from __future__ import annotations
 
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -130,3 +132,69 @@ def test_the_gitlab_recipe_installs_with_no_secret_and_scopes_the_jobs() -> None
     jobs = {k: v for k, v in doc.items() if isinstance(v, dict) and "script" in v}
     assert jobs and all(j["environment"]["name"] == "fleet" for j in jobs.values())
     assert "secret" not in str(doc.get("variables")).lower()
+
+
+# -- issue 29.9: recipes that work as they are, checked by a well-kept validator ------
+
+GITHUB = REPO / "vigil" / "scaffold" / "ci" / "github-actions.yml"
+GITLAB = REPO / "vigil" / "scaffold" / "ci" / "gitlab-ci.yml"
+SCHEMAS = {GITHUB: "vendor.github-workflows", GITLAB: "vendor.gitlab-ci"}
+
+
+def check_jsonschema(path: Path, schema: str) -> subprocess.CompletedProcess[str]:
+    """check-jsonschema with its own vendored schema (no network)."""
+    return subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema",
+                           schema, str(path)], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("ci", ["github", "gitlab"])
+def test_each_recipe_vigil_init_writes_passes_its_platforms_schema(
+        ci: str, tmp_path: Path) -> None:
+    from vigil.tasks import init
+
+    init.scaffold(tmp_path, ci)
+    written = tmp_path / init.CI[ci]
+    assert "{vigil_version}" not in written.read_text()
+    done = check_jsonschema(written, SCHEMAS[REPO / "vigil" / "scaffold" / init.CI_SOURCE[ci]])
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_schema_check_sees_a_broken_workflow(tmp_path: Path) -> None:
+    broken = tmp_path / "wf.yml"
+    broken.write_text(GITHUB.read_text().replace("checks: write", "checks: writ"))
+    assert check_jsonschema(broken, SCHEMAS[GITHUB]).returncode == 1
+    job = tmp_path / "gl.yml"
+    job.write_text(GITLAB.read_text().replace("when: manual", "when: by_hand"))
+    assert check_jsonschema(job, SCHEMAS[GITLAB]).returncode == 1
+
+
+def test_the_github_recipe_knows_the_host_keys_may_publish_and_runs_where_hosts_are() -> None:
+    doc = yaml.safe_load(GITHUB.read_text())
+    # the JUnit action publishes a check run: without checks: write a good rollout ends red
+    assert doc["permissions"] == {"contents": "read", "checks": "write"}
+    (job,) = doc["jobs"].values()
+    assert "self-hosted" in job["runs-on"]  # a hosted runner cannot reach private hosts
+    names = [s.get("name", s.get("uses")) for s in job["steps"]]
+    keys = names.index("Host keys")
+    first_vigil = next(i for i, s in enumerate(job["steps"]) if "vigil " in str(s.get("run")))
+    assert keys < first_vigil  # strict host keys: a fresh runner knows none (exit 8)
+    step = job["steps"][keys]
+    assert "ssh-keyscan" not in step["run"]  # trusting whoever answers is no check
+    assert "~/.ssh/known_hosts" in step["run"] and "inventory/known_hosts" in step["run"]
+    for s in job["steps"]:  # a secret reaches a script by env, never pasted into it
+        assert "${{ secrets." not in str(s.get("run")), s
+
+
+def test_only_the_default_branch_deploys_on_gitlab() -> None:
+    doc = yaml.safe_load(GITLAB.read_text())
+    jobs = {k: v for k, v in doc.items() if isinstance(v, dict) and "script" in v}
+    assert set(jobs) == {"plan", "canary", "rollout"}
+    for name, job in jobs.items():
+        assert [r["if"] for r in job["rules"]] == [
+            "$CI_COMMIT_BRANCH == $CI_DEFAULT_BRANCH"], name
+        assert "when" not in job or name != "rollout"  # `when` sits in the rule
+    assert jobs["rollout"]["rules"][0]["when"] == "manual"
+    assert doc["default"]["tags"] == ["fleet"]  # its own runner, inside the network
+    script = "\n".join(doc["default"]["before_script"])
+    assert "SSH_KNOWN_HOSTS" in script and "~/.ssh/known_hosts" in script
+    assert "ssh-keyscan" not in script
