@@ -251,14 +251,16 @@ def test_status_json_to_a_file_and_bare_to_stdout_with_the_text_on_stderr(
 def test_preflight_json_has_each_hosts_go_no_go_and_refusals(
         inv: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
-    from vigil.deploy import apply
+    from vigil.deploy import apply, preflight
     from vigil.errors import RefusedError
     from vigil.tasks import runtime
+    from vigil.transport import ssh
 
-    monkeypatch.setattr(runtime, "connect", fake_connect())
+    # the task imports its libraries when it runs: patched where they are defined
+    monkeypatch.setattr(ssh, "connect", fake_connect())
     monkeypatch.setattr(apply, "gather", lambda transport, t: object())
     monkeypatch.setattr(runtime, "_facts_lines", lambda t, facts: ["GPUs: 8 via nvml"])
-    monkeypatch.setattr(runtime, "problems", lambda *a, **kw: [
+    monkeypatch.setattr(preflight, "problems", lambda *a, **kw: [
         RefusedError("up: port 8000 is taken by pid 7 nginx")])
     code = run_task("preflight", ctx(inv), hosts="all", json=True)
     seen = capsys.readouterr()
@@ -350,10 +352,11 @@ def test_unreachable_has_its_own_documented_exit_code() -> None:
 
 def _patch_everyones_connect(monkeypatch: pytest.MonkeyPatch) -> None:
     from vigil.deploy import apply, service
-    from vigil.tasks import runtime
+    from vigil.transport import ssh
     from vigil.verify import watch
 
-    for module in (service, runtime, apply, watch):
+    # the tasks import connect when they run (runtime's from vigil.transport.ssh)
+    for module in (service, ssh, apply, watch):
         monkeypatch.setattr(module, "connect", fake_connect())
 
 

@@ -11,20 +11,21 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TextIO, TypeVar
+from typing import TYPE_CHECKING, Any, TextIO, TypeVar
 
 from invoke.context import Context
 from invoke.exceptions import Exit
 from invoke.tasks import Task
 
-from vigil.desired import inventory
-from vigil.desired.render import TEMPLATES
 from vigil.errors import ConfigError, InternalError, VigilError
 from vigil.exitcodes import SEVERITY as SEVERITY  # one exit-code policy for every task
 from vigil.exitcodes import worst
 from vigil.report import echo, write_json
 from vigil.tasks import project
-from vigil.verify.watch import Settings
+
+if TYPE_CHECKING:  # a task's libraries load when it runs, not at `vigil --help`
+    from vigil.desired import inventory
+    from vigil.verify.watch import Settings
 
 HOSTS_HELP = ("hosts, groups or all, comma separated; Ansible's patterns too: g:!h (g "
               "without h), g:&k (in both), h100-*, h100-[01:04], ~regex")
@@ -165,6 +166,8 @@ def template_dirs(c: Context) -> list[Path]:
     configured = project.value(p, c.config.vigil, "templates")
     first = p.path(str(configured)) if configured is not None else \
         setting(c, "roles") / "service" / "templates"
+    from vigil.desired.render import TEMPLATES
+
     return [first, TEMPLATES]
 
 
@@ -193,6 +196,8 @@ def watch_settings(c: Context, poll: float | None = None,
     if mode not in ("stream", "poll"):
         raise ConfigError(f"probe must be stream or poll, not {mode!r}",
                           key="--probe/vigil.probe", fix="--probe poll (or stream)")
+    from vigil.verify.watch import Settings
+
     return Settings(poll_s=poll_s, stall_s=stall, min_samples=min_samples,
                     stream=mode == "stream")
 
@@ -211,6 +216,8 @@ def exit_with(codes: Iterable[int]) -> None:
 
 def load_inventory(c: Context) -> inventory.Inventory:
     """The inventory; what it holds and vigil does not read is said on stderr."""
+    from vigil.desired import inventory
+
     inv = inventory.load(setting(c, "inventory"), roles_dirs(c))
     for line in inv.warnings:
         echo(f"warning: {line}", file=sys.stderr)

@@ -6,17 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from invoke.context import Context
 
-from vigil.deploy import apply as deploy_mod
-from vigil.deploy import seed as seed_mod
-from vigil.deploy import service
-from vigil.desired import review
-from vigil.desired import targets as targets_mod
-from vigil.desired.config import HostVars
-from vigil.desired.targets import Target
 from vigil.errors import ConfigError
 from vigil.report import HostResult, Log, echo, failed_word
 from vigil.tasks import pipeline
@@ -40,10 +33,26 @@ from vigil.tasks.common import (
     watch_settings,
     worst_code,
 )
-from vigil.transport.base import Transport
-from vigil.verify import history as history_mod
-from vigil.verify import predict
-from vigil.verify.report import Reporter
+
+if TYPE_CHECKING:  # a task's libraries load when it runs, not at `vigil --help`
+    pass
+
+# deploy.apply.FORKS, here so that --help does not load the deploy library (a test holds
+# them equal)
+FORKS = 32
+
+
+if TYPE_CHECKING:  # a task's libraries load when it runs, not at `vigil --help`
+    from vigil.deploy import seed as seed_mod
+    from vigil.deploy import service
+    from vigil.desired.config import HostVars
+    from vigil.desired.targets import Target
+    from vigil.transport.base import Transport
+    from vigil.verify import predict
+
+# deploy.apply.FORKS, here so that --help does not load the deploy library (a test holds
+# them equal)
+FORKS = 32
 
 
 @vigil_task(
@@ -95,17 +104,22 @@ def deploy(
     before_stop: str | None = None,
     after_ready: str | None = None,
     html: str | None = None,
-    forks: int = deploy_mod.FORKS,
+    forks: int = FORKS,
     seed: bool = True,
 ) -> None:
     """Plan, apply, restart only what changed, and wait until the service serves."""
+    from vigil.deploy import apply as deploy_mod
     from vigil.deploy import rollout
+    from vigil.deploy import seed as seed_mod
     from vigil.deploy.hooks import Hooks
+    from vigil.desired import targets as targets_mod
+    from vigil.verify import predict
+    from vigil.verify.report import Reporter
 
     with user_errors():
         if forks < 1:
             raise ConfigError(f"{forks} hosts at once: at least 1", key="--forks",
-                              fix=f"e.g. --forks {deploy_mod.FORKS}")
+                              fix=f"e.g. --forks {FORKS}")
         rollout.parse_serial(serial)  # a bad or empty --serial before anything is read
         inv, pattern = load_inventory(c), hosts_given(hosts, "deploy")
         inv.refuse_controller(pattern, "deploy")
@@ -163,6 +177,8 @@ def seeded_later(targets: Sequence[Target], batches: Sequence[Sequence[str]],
     ready start of their key in an earlier batch will seed (nothing is kept for the key
     yet, so their plans cannot show it), when that host is a seed source they trust:
     host → that earlier host, each said with whose code it will run."""
+    from vigil.deploy import seed as seed_mod
+
     canary = batches[0][0] if batches and batches[0] else None
     trust = replace(trust or seed_mod.Trust(), canary=canary)
     by_target = {t.name: t for t in targets}
@@ -197,6 +213,9 @@ def predict_restarts(targets: Sequence[Target], results: Sequence[HostResult],
     """deploy --check: each planned restart's start predicted from the local history
     mirror (not created by a check that finds none), said and kept on its result; a host
     a seed will warm (planned, or from an earlier batch: ``seeded``) predicted warm."""
+    from vigil.verify import history as history_mod
+    from vigil.verify import predict
+
     path = state_dir / "history.sqlite"
     records = history_mod.Mirror(path).records() if path.exists() else []
     by_name = {t.name: t for t in targets}
@@ -231,6 +250,9 @@ def render(
     set_: list[str] | None = None,
 ) -> None:
     """Write each host's files (secrets masked) to OUT/HOST/; where each variable is set."""
+    from vigil.desired import review
+    from vigil.desired import targets as targets_mod
+
     with user_errors():
         targets = targets_mod.resolve(
             load_inventory(c), hosts, model=model, stack=stack, sets=set_ or [],
@@ -256,6 +278,8 @@ def _report(runs: list[service.HostRun[str]], width: int | None = None,
                                     "/health")})
 def status(c: Context, hosts: str = "all", json: JsonFlag = None) -> None:
     """Unit state, main PID, uptime, model, port and /health of each host."""
+    from vigil.deploy import service
+
     with user_errors():
         runs = service.on_hosts(checked_inventory(c, hosts), hosts,
                                 lambda name, hv, t: service.status(t, hv))
@@ -273,6 +297,8 @@ def status(c: Context, hosts: str = "all", json: JsonFlag = None) -> None:
 @vigil_task(help={"hosts": HOSTS_HELP, "follow": "keep printing new lines", "lines": "how many"})
 def logs(c: Context, hosts: str = "all", follow: bool = False, lines: int = 100) -> None:
     """The service's journal on each host."""
+    from vigil.deploy import service
+
     log = Log()
     with user_errors():
         if lines < 1:
@@ -295,6 +321,8 @@ def logs(c: Context, hosts: str = "all", follow: bool = False, lines: int = 100)
                   "no_wait": "do not wait until the service serves"})
 def rollback(c: Context, hosts: str | None = None, no_wait: bool = False) -> None:
     """Put the previous unit, env file and environment back, restart, wait until serving."""
+    from vigil.deploy import service
+
     log = Log()
     with user_errors():
         settings, state_dir = watch_settings(c), setting(c, "state_dir")

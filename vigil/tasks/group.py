@@ -5,22 +5,11 @@ library call and reports."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from invoke.collection import Collection
 from invoke.context import Context
 
-from vigil.deploy import apply as deploy_mod
-from vigil.deploy import service
-from vigil.deploy.group import (
-    Step,
-    deploy_group,
-    release_keys,
-    rollback_steps,
-    target_of,
-)
-from vigil.desired import review
-from vigil.desired.groups import NodeGroup, resolve_group
-from vigil.desired.render import SMOKE_SECRETS, Secrets
 from vigil.exitcodes import ExitCode
 from vigil.report import HostStatus, Log, echo, failed_word
 from vigil.tasks.common import (
@@ -35,16 +24,22 @@ from vigil.tasks.common import (
     watch_settings,
     worst_code,
 )
-from vigil.transport.ssh import connect
-from vigil.verify import reducer
-from vigil.verify.group import GroupState, verify_group
-from vigil.verify.watch import Settings
+
+if TYPE_CHECKING:  # a task's libraries load when it runs, not at `vigil --help`
+    from vigil.deploy.group import Step
+    from vigil.desired.groups import NodeGroup
+    from vigil.desired.render import Secrets
+    from vigil.verify.group import GroupState
+    from vigil.verify.watch import Settings
+
 
 NAME_HELP = "node group (inventory/node_groups/NAME.yml)"
 
 
 def _resolve(c: Context, name: str, sets: list[str] | None, *, secrets: Secrets = True,
              ) -> NodeGroup:
+    from vigil.desired.groups import resolve_group
+
     return resolve_group(load_inventory(c), name, sets=sets or [],
                          template_dir=template_dirs(c), require_secrets=secrets)
 
@@ -58,6 +53,7 @@ def _group_log(g: NodeGroup) -> Log:
 
 
 def _show(log: Log, group: str) -> Callable[[GroupState], None]:
+
     last: list[str] = []
 
     def on_poll(gs: GroupState) -> None:
@@ -69,6 +65,9 @@ def _show(log: Log, group: str) -> Callable[[GroupState], None]:
 
 
 def _watch(c: Context, g: NodeGroup, log: Log, settings: Settings) -> int:
+    from vigil.verify import reducer
+    from vigil.verify.group import verify_group
+
     gs = verify_group(g, settings, state_dir=setting(c, "state_dir"),
                       on_poll=_show(log, g.spec.name),
                       on_note=lambda line: log(g.spec.name, f"warning: {line}")).history[-1]
@@ -85,6 +84,10 @@ def _watch(c: Context, g: NodeGroup, log: Log, settings: Settings) -> int:
 
 
 def _rollback(c: Context, g: NodeGroup, log: Log, steps: Sequence[Step]) -> None:
+    from vigil.deploy import service
+    from vigil.deploy.group import target_of
+    from vigil.transport.ssh import connect
+
     settings, state_dir = watch_settings(c), setting(c, "state_dir")
     for step in steps:
         hv = target_of(g, step).vars  # a Ray unit's vars name its own release
@@ -104,6 +107,9 @@ def deploy(c: Context, name: str, check: bool = False, restart: bool = False,
            rollback_failed: bool = False) -> None:
     """Deploy a node group as one service: every node planned, the group restarted
     together in the order its backend needs, then one verdict for the group."""
+    from vigil.deploy import apply as deploy_mod
+    from vigil.deploy.group import deploy_group, rollback_steps
+
     with user_errors():
         g = _resolve(c, name, set_)
         log = _group_log(g)
@@ -137,6 +143,8 @@ def deploy(c: Context, name: str, check: bool = False, restart: bool = False,
 def verify(c: Context, name: str, set_: list[str] | None = None, stall: float | None = None,
            poll: float | None = None) -> None:
     """Watch every node's start: the group's phase, who joined, one verdict."""
+    from vigil.desired.render import SMOKE_SECRETS
+
     with user_errors():
         g = _resolve(c, name, set_, secrets=SMOKE_SECRETS)  # it writes nothing
         code = _watch(c, g, _group_log(g), watch_settings(c, poll, stall))
@@ -148,6 +156,8 @@ def verify(c: Context, name: str, set_: list[str] | None = None, stall: float | 
 def render(c: Context, name: str, out: str = "rendered", set_: list[str] | None = None,
            ) -> None:
     """Write every node's files (secrets masked) to OUT/GROUP/HOST/."""
+    from vigil.desired import review
+
     with user_errors():
         g = _resolve(c, name, set_, secrets=False)
         echo(f"node group {name}: {g.layout.label}, head {g.head.name}, master "
@@ -168,6 +178,8 @@ def render(c: Context, name: str, out: str = "rendered", set_: list[str] | None 
 def rollback(c: Context, name: str) -> None:
     """Put every release of the group back in the start order (native: the head first,
     then the workers; ray: the Ray head, the Ray workers, then vLLM) and verify it."""
+    from vigil.deploy.group import release_keys, rollback_steps
+
     with user_errors():
         g = _resolve(c, name, None)
         log = _group_log(g)

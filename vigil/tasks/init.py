@@ -21,7 +21,6 @@ from pathlib import Path
 from invoke.context import Context
 
 from vigil import __version__
-from vigil.desired.inventory import HOSTS_FILES
 from vigil.errors import ConfigError
 from vigil.tasks.common import user_errors, vigil_task
 
@@ -86,6 +85,8 @@ def layout(target: Path) -> Layout:
 
 
 def _has_hosts(folder: Path) -> bool:
+    from vigil.desired.inventory import HOSTS_FILES  # its library: when init runs
+
     return any(_lexists(folder / n) for n in (*HOSTS_FILES, "hosts.d"))
 
 

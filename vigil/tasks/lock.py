@@ -13,13 +13,17 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from invoke.context import Context
 
-from vigil.desired import lock as lockfile
 from vigil.errors import ConfigError, VigilError
 from vigil.report import echo, safe_text
 from vigil.tasks.common import load_inventory, user_errors, vigil_task
+
+if TYPE_CHECKING:  # a task's libraries load when it runs, not at `vigil --help`
+    from vigil.desired import lock as lockfile
+
 
 RESOLVE_TIMEOUT_S = 900
 
@@ -54,6 +58,8 @@ def header(name: str, python_version: str, platform: str) -> str:
 def lock(c: Context, stack: str, python_version: str = "3.12",
          platform: str = "x86_64-manylinux_2_28", upgrade: bool = False) -> None:
     """Resolve a stack's pins to stacks/<name>.lock: every package exact and hashed."""
+    from vigil.desired import lock as lockfile
+
     with user_errors():
         inv = load_inventory(c)
         st = inv.stack(stack, with_lock=False)
@@ -106,6 +112,8 @@ def lock(c: Context, stack: str, python_version: str = "3.12",
 
 
 def _changes(old: str | None, new: lockfile.Lock, file: str) -> str:
+    from vigil.desired import lock as lockfile
+
     if old is None:
         return "new"
     try:

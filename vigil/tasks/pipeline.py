@@ -11,11 +11,12 @@ import re
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from vigil.report import HostResult, HostStatus, failed_word, result_word, safe_text
-from vigil.verify.reducer import Verdict
-from vigil.verify.watch import Outcome
+
+if TYPE_CHECKING:  # a task's libraries load when it runs, not at `vigil --help`
+    from vigil.verify.watch import Outcome
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ def deploy_rows(results: Iterable[HostResult]) -> list[Row]:
 
 
 def verify_rows(outcomes: Iterable[Outcome]) -> list[Row]:
+    from vigil.verify.reducer import Verdict
+
     rows = []
     for o in outcomes:
         st = o.state

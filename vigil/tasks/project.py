@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vigil.desired.yamlfile import read_yaml
 from vigil.errors import ConfigError
 
 CONFIG_FILE = "vigil.yaml"
@@ -48,6 +47,8 @@ class Project:
 
 
 def _vigil_section(path: Path) -> Mapping[str, Any] | None:
+    from vigil.desired.yamlfile import read_yaml  # pydantic and yaml: when a task runs
+
     data = read_yaml(path)
     if data is None:
         return None
@@ -74,6 +75,8 @@ def _checked(settings: Mapping[str, Any], where: Path, prefix: str) -> dict[str,
 
 def find(start: Path) -> Project:
     """The project around ``start``: the nearest folder with a marker, else ``start``."""
+    from vigil.desired.yamlfile import read_yaml
+
     start = start.resolve()
     for folder in (start, *start.parents):
         marker = folder / CONFIG_FILE

@@ -7,23 +7,12 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from invoke.collection import Collection
 from invoke.context import Context
 from invoke.exceptions import Exit
 
-from vigil.deploy import apply as deploy_mod
-from vigil.deploy.gpucheck import GpuPolicy, health_lines, newest_cuda
-from vigil.deploy.gpus import GIB
-from vigil.deploy.preflight import problems, stale_gpu_processes
-from vigil.deploy.runtime import findings, pip_for
-from vigil.deploy.weights import summary as weights_summary
-from vigil.desired import inventory as inventory_mod
-from vigil.desired import targets as targets_mod
-from vigil.desired.config import HostVars
-from vigil.desired.stacks import check as check_stack
-from vigil.desired.stacks import pip_check_problems
 from vigil.errors import ConfigError, VigilError
 from vigil.exitcodes import ExitCode
 from vigil.report import echo, failed_word
@@ -40,8 +29,12 @@ from vigil.tasks.common import (
     vigil_task,
     worst_code,
 )
-from vigil.transport.remote import call
-from vigil.transport.ssh import connect
+
+if TYPE_CHECKING:  # a task's libraries load when it runs, not at `vigil --help`
+    from vigil.desired import inventory as inventory_mod
+    from vigil.desired import targets as targets_mod
+    from vigil.desired.config import HostVars
+
 
 # -- stack.check ----------------------------------------------------------------------
 
@@ -73,6 +66,12 @@ def stack_of(inv: inventory_mod.Inventory, name: str, hv: HostVars, stack: str |
 def drift(inv: inventory_mod.Inventory, name: str, stack: str | None,
           pip_check: bool = True) -> Drift:
     """One host's drift: one round trip (the agent's ``packages`` verb)."""
+    from vigil.deploy.runtime import pip_for
+    from vigil.desired.stacks import check as check_stack
+    from vigil.desired.stacks import pip_check_problems
+    from vigil.transport.remote import call
+    from vigil.transport.ssh import connect
+
     hv = inv.host_vars(name)
     st = inv.stack(stack_of(inv, name, hv, stack))
     out = Drift(name, st.name)
@@ -152,6 +151,12 @@ def _drift_word(d: Drift) -> str:
 
 
 def _facts_lines(t: targets_mod.Target, facts: Any) -> list[str]:
+    from vigil.deploy.gpucheck import GpuPolicy, health_lines, newest_cuda
+    from vigil.deploy.gpus import GIB
+    from vigil.deploy.preflight import stale_gpu_processes
+    from vigil.deploy.runtime import findings
+    from vigil.deploy.weights import summary as weights_summary
+
     g = facts.gpus
     lines = [f"GPUs: {g.count} via {g.source}" + (f" (NVML: {g.error})" if g.error else "")]
     for gpu in g.gpus:
@@ -204,6 +209,12 @@ def preflight(c: Context, model: str | None = None, hosts: str = "all",
               stack: str | None = None, set_: list[str] | None = None,
               kill_stale: bool = False, json: JsonFlag = None) -> None:
     """Facts and go/no-go for a deploy; changes nothing."""
+    from vigil.deploy import apply as deploy_mod
+    from vigil.deploy.gpucheck import GpuPolicy
+    from vigil.deploy.preflight import problems
+    from vigil.desired import targets as targets_mod
+    from vigil.transport.ssh import connect
+
     out = text_stream(json)
     try:
         targets = targets_mod.resolve(load_inventory(c), hosts, model=model, stack=stack,

@@ -9,9 +9,6 @@ from typing import Any, TextIO
 
 from invoke.context import Context
 
-from vigil.desired import targets as targets_mod
-from vigil.desired.render import SMOKE_SECRETS
-from vigil.desired.yamlfile import did_you_mean
 from vigil.errors import ConfigError
 from vigil.report import echo
 from vigil.tasks import pipeline
@@ -31,12 +28,6 @@ from vigil.tasks.common import (
     vigil_task,
     watch_settings,
 )
-from vigil.verify import attempts as attempts_mod
-from vigil.verify import history as history_mod
-from vigil.verify import html as verify_html
-from vigil.verify import replay as replay_mod
-from vigil.verify import report as verify_report
-from vigil.verify import watch
 
 
 @vigil_task(
@@ -70,6 +61,12 @@ def verify(
 ) -> None:
     """Watch each host's vLLM start phase by phase: ready, crashed, stalled, timed out or
     stopped (a slow start that progresses is given its time)."""
+    from vigil.desired import targets as targets_mod
+    from vigil.desired.render import SMOKE_SECRETS
+    from vigil.verify import html as verify_html
+    from vigil.verify import report as verify_report
+    from vigil.verify import watch
+
     with user_errors():
         settings = watch_settings(c, poll, stall, probe)
         # verify writes nothing: of secret_env it needs only the key its smoke sends
@@ -100,6 +97,11 @@ def verify(
 def history(c: Context, model: str | None = None, hosts: str | None = None,
             html: str | None = None, json: JsonFlag = None) -> None:
     """Past starts from the local mirror: phase durations, verdicts, cold/warm."""
+    from vigil.desired.yamlfile import did_you_mean
+    from vigil.verify import history as history_mod
+    from vigil.verify import html as verify_html
+    from vigil.verify import report as verify_report
+
     with user_errors():
         inv = load_inventory(c) if hosts or model else None
         names = inv.select(hosts) if inv is not None and hosts else None
@@ -129,6 +131,9 @@ def history(c: Context, model: str | None = None, hosts: str | None = None,
 def replay(c: Context, file: str, json: JsonFlag = None, html: str | None = None) -> None:
     """Re-run the watcher on a recorded trace or a vLLM log: phases and verdict; exits
     with the verdict's code as verify does (crashed 3, stalled 4, ...)."""
+    from vigil.verify import html as verify_html
+    from vigil.verify import replay as replay_mod
+
     with user_errors():
         got = replay_mod.replay_run(file, keep=bool(html))
         out = got.report
@@ -144,6 +149,8 @@ def replay(c: Context, file: str, json: JsonFlag = None, html: str | None = None
 
 
 def _replay_text(out: dict[str, Any], stream: TextIO) -> None:
+    from vigil.verify import attempts as attempts_mod
+
     for ph in out["phases"]:
         echo(f"{ph['name']:<18} {ph['duration_s']:>9.1f} s", file=stream)
     line = f"verdict: {out['verdict'] or 'none'}"
