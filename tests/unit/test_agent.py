@@ -66,7 +66,11 @@ def test_facts_reply_parses_straight_into_host_facts(tmp_path: Path) -> None:
     (tmp_path / "u.service").write_text("[Unit]\n")
     request = {"unit": "vigil-test-no-such-unit", "port": 1, "service_user": "root",
                "model": str(tmp_path / "no-model"), "paths": paths}
-    out = subprocess.run([sys.executable, "-c", payload.source(), "facts"],
+    # the joined agent from a file: past 128 KiB it no longer fits one argv string
+    # (MAX_ARG_STRLEN); the transports send it on stdin behind a bootstrap
+    script = tmp_path / "agent.py"
+    script.write_text(payload.source())
+    out = subprocess.run([sys.executable, str(script), "facts"],
                          input=json.dumps(request),
                          capture_output=True, text=True, timeout=120, check=True)
     facts = parse_facts("here", json.loads(out.stdout))
