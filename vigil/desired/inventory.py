@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vigil.desired import ansible, sshconfig
+from vigil.desired import ansible, sshconfig, vault
 from vigil.desired import lock as lockfile
 from vigil.desired import roles as roles_mod
 from vigil.desired.ansible import Parsed
@@ -734,7 +734,16 @@ def _vars_files(reader: _Reader, kind: str, known: list[str],
                               fix=fix)
         layers: list[Layer] = []
         for path in _files_in(paths[0], reader.warnings, kind):
-            layers.append(Layer(reader.rel(path), _as_vars(read_yaml(path), path), str(path)))
+            got = vault.read_vars(path)  # Ansible Vault: decrypted, or set aside aloud
+            if got.warning:
+                reader.warnings.append(got.warning)
+            data, rel = _as_vars(got.data, path), reader.rel(path)
+            if got.whole and got.warning is None:
+                rel = f"{rel} ({vault.MARK})"  # render masks every value from it
+            layers.append(Layer(rel, data, str(path)))
+            if got.vaulted and got.warning is None:
+                layers.append(Layer(f"{rel} (!vault, {vault.MARK})",
+                                    vault.pluck(data, got.vaulted), str(path)))
         out[name] = layers
     return out
 

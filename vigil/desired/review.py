@@ -12,6 +12,7 @@ from pathlib import Path
 
 from vigil.desired.render import MASK, is_secret
 from vigil.desired.targets import Target
+from vigil.desired.vault import MARK
 from vigil.errors import ConfigError
 
 # The merge order of vigil.desired.inventory, as render prints it above the variables.
@@ -97,8 +98,12 @@ def variables(t: Target) -> list[str]:
     values = {**t.vars.model_dump(), **t.role_vars}
     secrets = frozenset(t.vars.secret_env)
     width = max(len(k) for k in values)
-    lines = [f"{k:<{width}} = {_shown(k, values[k], secrets)}  "
-             f"({origin_of(k, values[k], t.origin)})" for k in sorted(values)]
+    lines = []
+    for k in sorted(values):
+        where = origin_of(k, values[k], t.origin)
+        # a value from Ansible Vault is a secret whatever its name
+        shown = json.dumps(MASK) if MARK in where else _shown(k, values[k], secrets)
+        lines.append(f"{k:<{width}} = {shown}  ({where})")
     return lines + ssh_lines(t)
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from vigil.desired import vault
 from vigil.desired.config import HostVars, ModelProfile
 from vigil.desired.group_spec import group_of
 from vigil.desired.inventory import Inventory, local_inputs, merge
@@ -162,6 +163,13 @@ def resolve(
             check_fits(name, hv, profile)
         rendered = render(name, hv, profile, st, env, template_dir,
                           require_secrets=require_secrets)
+        for key, where in resolved.origin.items():
+            if key.startswith("env.") and vault.MARK in where:
+                # the env file is shown by render and diffed by --check: a vault value
+                # there would be shown in full; vigil's secrets come by secret_env
+                raise ConfigError(f"{key} of host {name} comes from Ansible Vault ({where})",
+                                  key=key, fix=f"put {key.removeprefix('env.')} in "
+                                  "secret_env and export it where vigil runs")
         values = {**hv.model_dump(), **resolved.role_vars}
         user = tuple(render_role(r, name, values) for r in resolved.user_roles)
         _check_dests(name, user, (rendered.paths.unit, rendered.paths.env))
