@@ -15,6 +15,7 @@ from vigil.verify.reducer.state import (
     MAX_FATAL,
     MAX_HINTS,
     MAX_WARNINGS,
+    WEAK,
     Fatal,
     PhaseSpan,
     Verdict,
@@ -141,8 +142,9 @@ def _fold_lines(st: WatchState, snap: Snapshot, now: float) -> tuple[_Fold, Watc
         # KeyboardInterrupt closes are the stop's, not a failure.
         if m.kind == "stop" and m.stop == "trigger":
             i = len(f.fatal)
-            while i > 0 and f.fatal[i - 1].rank == "chain" and \
-                    catalog.is_traceback_link(f.fatal[i - 1].proof):
+            while i > 0 and f.fatal[i - 1].rank in WEAK and (
+                    catalog.is_traceback_link(f.fatal[i - 1].proof)
+                    or f.fatal[i - 1].rank == "traceback"):
                 i -= 1
                 f.fatal[i] = replace(f.fatal[i], after_stop=True)
         # Python's logger.exception(msg): msg, then the traceback, each line under the
@@ -154,14 +156,14 @@ def _fold_lines(st: WatchState, snap: Snapshot, now: float) -> tuple[_Fold, Watc
             f.fatal.append(Fatal("unknown", logged[:2000], catalog.remedy_for("unknown"),
                                  "chain", t, after_stop=f.st.stop_asked))
         if died is None and logged is None and _uncaught(m) and not f.st.startup_complete \
-                and not (f.fatal and f.fatal[-1].rank == "chain") and f.st.serving_at is None \
+                and not (f.fatal and f.fatal[-1].rank in WEAK) and f.st.serving_at is None \
                 and len(f.fatal) < MAX_FATAL and not (
                     f.st.started_at is not None and t < f.st.started_at):
             # Python prints an uncaught exception's traceback at the top, outside the
             # logger: the process is on its way out. Evidence of death, the weakest: the
             # root error below it (or a hint before it) names the cause.
             f.fatal.append(Fatal("unknown", text.strip()[:2000], catalog.remedy_for("unknown"),
-                                 "chain", t, after_stop=f.st.stop_asked))
+                                 "traceback", t, after_stop=f.st.stop_asked))
         if m.reached is not None and f.st.verdict != Verdict.READY:
             f.phase_changed |= _advance(f.spans, m.reached, t)
             cur = f.spans[-1]

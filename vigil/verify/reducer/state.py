@@ -58,7 +58,10 @@ MAX_STRETCH = 4.0
 MAX_FATAL = 64
 MAX_HINTS = 8
 MAX_WARNINGS = 32  # a log of a thousand waits keeps the first few
-_RANK = {"root": 0, "exception": 1, "symptom": 2, "chain": 3}
+# "traceback": an uncaught traceback's header at the top (the process is dying) proves a
+# crash but names nothing: any other line of the failure is its proof before it.
+_RANK = {"root": 0, "exception": 1, "symptom": 2, "chain": 3, "traceback": 4}
+WEAK = ("chain", "traceback")  # ranks that prove a crash without naming its cause
 # systemd sub-states of a stop job: someone asked the unit to stop.
 _STOP_SUBSTATES = frozenset({"stop", "stop-pre", "stop-sigterm", "stop-sigkill",
                              "stop-watchdog"})
@@ -90,7 +93,7 @@ class Fatal:
     cause: str
     proof: str
     remedy: str
-    rank: str  # root | exception | symptom | chain
+    rank: str  # root | exception | symptom | chain | traceback
     at: float
     after_stop: bool = False  # after a stop someone asked for: its teardown, not a cause
 

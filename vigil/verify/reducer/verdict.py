@@ -29,6 +29,7 @@ from vigil.verify.reducer.state import (
     PHASES,
     SETTLE_S,
     TERMINAL,
+    WEAK,
     Evidence,
     Fatal,
     PhaseSpan,
@@ -382,7 +383,7 @@ def _hinted(st: WatchState, crash: tuple[str, str, str]) -> tuple[str, str, str]
     A root cause, an exception line or a symptom keeps its own; a hint alone is never a
     crash."""
     best = _best_fatal(st.fatal)
-    if crash[0] != "unknown" or (best is not None and best.rank != "chain"):
+    if crash[0] != "unknown" or (best is not None and best.rank not in WEAK):
         return crash
     hints = st.hints
     if st.waiting is not None:  # the unit died while the log still waited
@@ -397,7 +398,7 @@ def _weak(st: WatchState, crash: tuple[str, str, str]) -> bool:
     best = _best_fatal(st.fatal)
     if best is None:
         return crash[0] == "unknown" and crash[1] == _unit_reason(st, crash[1])
-    return best.rank == "chain" and crash[1] == best.proof
+    return best.rank in WEAK and crash[1] == best.proof
 
 
 def _unit_reason(st: WatchState, proof: str) -> str:
