@@ -67,3 +67,21 @@ def test_files_read_as_ssh_reads_them_skip_what_is_no_file(tmp_path: Path) -> No
     assert read_optional(Path("/dev/null")) is None  # not a regular file: nothing in it
     (tmp_path / "real").write_text("h1 ssh-ed25519 AAAA\n")
     assert read_optional(tmp_path / "real") == "h1 ssh-ed25519 AAAA\n"
+
+
+def test_a_stack_lock_that_is_no_file_is_refused_never_installed_unlocked(
+        tmp_path: Path) -> None:
+    """Issue 33 (minor): a lock that is a directory, a FIFO or /dev/zero was ignored
+    silently: the stack then installed unlocked."""
+    inv = tmp_path / "inventory"
+    (inv / "stacks").mkdir(parents=True)
+    (inv / "models").symlink_to(Path(__file__).resolve().parents[2] / "inventory" / "models")
+    (inv / "hosts.yml").write_text("hosts:\n  gpu-01: {address: 10.0.0.1, model: tiny-cpu}\n")
+    stack = Path(__file__).resolve().parents[2] / "inventory" / "stacks" / "lab-cpu.yml"
+    (inv / "stacks" / "lab-cpu.yml").write_text(stack.read_text())
+    (inv / "stacks" / "lab-cpu.lock").symlink_to("/dev/zero")
+    loaded = inventory.load(inv)
+    with pytest.raises(ConfigError, match="the stack's lock is not a regular file") as err:
+        loaded.stack("lab-cpu")
+    assert err.value.file is not None and err.value.file.endswith("stacks/lab-cpu.lock")
+    assert loaded.stack("lab-cpu", with_lock=False).lock is None  # stack.lock may redo it

@@ -56,6 +56,7 @@ from vigil.desired.config import (
     phase_error,
     unknown_phase,
 )
+from vigil.desired.inputs import read_input
 from vigil.desired.stacks import Stack
 from vigil.desired.yamlfile import M, parse_model, parse_traced, read_yaml, validation_error
 from vigil.errors import ConfigError
@@ -453,12 +454,13 @@ class Inventory:
                                   f"--stack {name}")
         stack = self._named("stacks", Stack, name)
         lock_path = self.root / "stacks" / f"{name}.lock"
-        if not with_lock or not lock_path.is_file():
+        if not with_lock or not os.path.lexists(lock_path):
             return stack
-        try:
-            text = lock_path.read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"cannot read it: {exc}", file=str(lock_path)) from None
+        if not lock_path.is_file():  # never an unlocked install in its place, silently
+            raise ConfigError("the stack's lock is not a regular file", file=str(lock_path),
+                              fix=f"remove it, then lock the stack again: vigil stack.lock "
+                              f"--stack {name}")
+        text = read_input(lock_path)
         parsed = lockfile.parse(text, str(lock_path))
         stale = lockfile.stale_pins(parsed, stack.packages)
         if stale:
@@ -501,11 +503,7 @@ class _Reader:
             else:
                 self.add_vigil(data, path, rel)
         else:
-            try:
-                text = path.read_text()
-            except (OSError, UnicodeDecodeError) as exc:
-                raise ConfigError(f"cannot read: {getattr(exc, 'strerror', None) or exc}",
-                                  file=str(path)) from None
+            text = read_input(path)
             self.ansible = True
             self.add_ansible(ansible.parse_ini(text, str(path), rel), path)
 
@@ -563,7 +561,11 @@ class _Reader:
         for gname, members in parsed.groups.items():
             _name("group", gname, path)
             have = self.groups.setdefault(gname, [])
-            have.extend(h for h in members if h not in have)
+            seen = set(have)  # a set beside the list: a list's `in` made 60k hosts quadratic
+            for h in members:
+                if h not in seen:
+                    seen.add(h)
+                    have.append(h)
         for gname, (where, data) in parsed.group_vars.items():
             self.group_inline.setdefault(gname, []).append(
                 Layer(where, data, str(path), where.split(": ", 1)[1]))

@@ -19,6 +19,7 @@ import paramiko
 
 from vigil.desired import sshconfig
 from vigil.desired.config import HostVars
+from vigil.desired.inputs import read_optional
 from vigil.errors import (
     ConfigError,
     HostError,
@@ -186,10 +187,9 @@ class SSHTransport(Closing):
         for path in files:
             # All files merge into one set, as ssh reads them all; unreadable ones are
             # skipped, as ssh skips them.
-            try:
-                texts.append((path, path.read_text(errors="replace")))
-            except OSError:
-                continue
+            text = read_optional(path)  # a FIFO or /dev/zero is no file: skipped
+            if text is not None:
+                texts.append((path, text))
         # every file's @revoked lines first: a revoked key is known in none of them
         for _, text in texts:
             known.revoked |= revoked_keys(text)
