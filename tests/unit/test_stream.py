@@ -255,6 +255,11 @@ def test_reconnects_that_keep_failing_fall_back_to_polling_from_the_last_cursor(
     assert p(None).time == 99.0
     assert polls == [cur(1)] and len(notes) == 1 and "reconnects failed" in notes[0]
     assert len(host.opened) == 1 + stream.RECONNECTS
+    # polling on: each poll from the cursor the watch last got (its poll's), never again
+    # from the stream's last record (the same lines every poll: progress forever)
+    p(cur(5))
+    p(cur(9))
+    assert polls == [cur(1), cur(5), cur(9)]
 
 
 # -- the host side's pure helpers ---------------------------------------------------------

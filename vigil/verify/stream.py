@@ -207,8 +207,11 @@ class StreamProbe:
 
     def __call__(self, cursor: str | None) -> Snapshot:
         if self.fallback is not None:
+            # polling now: the watch's cursor is the last poll's, newer than the last
+            # record the stream accepted (polling from that one re-read every line since
+            # the drop at every poll, and the repeats looked like progress: never stalled)
             self.sleep(self.poll_s)
-            return self.poll(self.resume.cursor or cursor)
+            return self.poll(cursor or self.resume.cursor)
         if self.resume.cursor is None and cursor is not None:
             self.resume = Resume(cursor, cursor_seq(cursor))
         while True:
