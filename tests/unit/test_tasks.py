@@ -178,7 +178,7 @@ def test_message_fixes_of_issue_29_15(inv: Path) -> None:
     assert status.returncode == 0, status.stderr
     assert status.stdout.lstrip().startswith("{") and not (REPO / "-").exists()
     lines = invoke(inv, "logs", "--hosts", "here", "--lines", "-5")
-    assert lines.returncode == 2 and "--lines -5: at least 1" in lines.stderr, lines.stderr
+    assert lines.returncode == 2 and "--lines -5: at least 0" in lines.stderr, lines.stderr
     typo = invoke(inv, "history", "--model", "glm5")
     assert typo.returncode == 2, typo.stdout + typo.stderr
     assert "--model glm5: no such profile" in typo.stderr and "'glm-5'" in typo.stderr

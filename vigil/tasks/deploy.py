@@ -294,16 +294,18 @@ def status(c: Context, hosts: str = "all", json: JsonFlag = None) -> None:
     exit_with(codes)
 
 
-@vigil_task(help={"hosts": HOSTS_HELP, "follow": "keep printing new lines", "lines": "how many"})
+@vigil_task(help={"hosts": HOSTS_HELP, "follow": "keep printing new lines",
+                  "lines": "how many of the last lines (0 with --follow: only new ones)"})
 def logs(c: Context, hosts: str = "all", follow: bool = False, lines: int = 100) -> None:
     """The service's journal on each host."""
     from vigil.deploy import service
 
     log = Log()
     with user_errors():
-        if lines < 1:
-            raise ConfigError(f"--lines {lines}: at least 1", key="--lines",
-                              fix="e.g. --lines 100 (the last 100 lines)")
+        if lines < 0:  # 0 is journalctl's own: none of the old lines (--follow: new ones)
+            raise ConfigError(f"--lines {lines}: at least 0", key="--lines",
+                              fix="e.g. --lines 100 (the last 100 lines), or --follow "
+                              "--lines 0 (only new ones)")
         inv = checked_inventory(c, hosts)
         if follow:
             runs = service.on_hosts(inv, hosts, lambda name, hv, t: service.follow(
