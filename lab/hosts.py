@@ -418,19 +418,8 @@ def stop_now(unit: str = "vllm") -> str:
     kill = (f"CG=/sys/fs/cgroup/systemd/system.slice/{unit}.service/cgroup.procs; "
             "for i in $(seq 20); do P=$(cat $CG 2>/dev/null); [ -z \"$P\" ] && break; "
             "kill -9 $P 2>/dev/null; sleep 0.5; done; ")
-    # The stop is done when the unit's cgroup is gone: systemd removes it once the unit
-    # stopped and it is empty; where it could not ("Failed to kill control group"), the
-    # next start failed at once with 219/CGROUP (seen in a fresh-clone CI under load,
-    # test_seed_lab's first deploy). So wait for that evidence, for as long as the
-    # processes take to die (D state under load), and remove an empty one left behind.
-    gone = (f"D=/sys/fs/cgroup/systemd/system.slice/{unit}.service; "
-            "for i in $(seq 240); do [ -d $D ] || break; "
-            "P=$(cat $D/cgroup.procs $D/*/cgroup.procs 2>/dev/null); "
-            "if [ -n \"$P\" ]; then kill -9 $P 2>/dev/null; "
-            "else find $D -depth -type d -exec rmdir {} + 2>/dev/null; fi; sleep 0.25; done; "
-            "[ ! -d $D ] || { echo \"$D still holds: $(cat $D/cgroup.procs)\" >&2; exit 1; }; ")
     return (f"systemctl stop --no-block {unit}; sleep 0.5; {kill}"
-            f"systemctl stop {unit}; systemctl reset-failed {unit} || true; {kill}{gone}true")
+            f"systemctl stop {unit}; systemctl reset-failed {unit} || true; {kill}true")
 
 
 def _port_open(port: int) -> bool:
