@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from vigil.desired.inputs import read_input
-from vigil.desired.yamlfile import StrictLoader
+from vigil.desired.yamlfile import StrictLoader, yaml_errors
 from vigil.errors import ConfigError
 
 HEADER = "$ANSIBLE_VAULT;"
@@ -141,16 +141,8 @@ def pluck(data: dict[str, Any], keys: list[str]) -> dict[str, Any]:
 def _parse(text: str, path: Path) -> Any:
     loader = VaultLoader(text)
     try:
-        return loader.get_single_data()
-    except RecursionError:
-        raise ConfigError("nested too deep", file=str(path),
-                          fix="correct the YAML structure") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{where}invalid YAML ({problem})", file=str(path),
-                          fix="correct the YAML syntax") from None
+        with yaml_errors(path):
+            return loader.get_single_data()
     finally:
         loader.dispose()
 

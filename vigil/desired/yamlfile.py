@@ -6,7 +6,8 @@ import difflib
 import re
 import types
 import typing
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -138,11 +139,12 @@ def load_yaml(text: str) -> Any:
         loader.dispose()
 
 
-def read_yaml(path: Path) -> Any:
-    """Parse one YAML file; a syntax error names the file, line and column."""
-    text = read_input(path)
+@contextmanager
+def yaml_errors(path: Path) -> Iterator[None]:
+    """A YAML parse of ``path`` whose failure is one ConfigError naming the file, line
+    and column (read_yaml's, and the vault reader's)."""
     try:
-        return load_yaml(text)
+        yield
     except RecursionError:
         raise ConfigError("nested too deep", file=str(path),
                           fix="correct the YAML structure") from None
@@ -153,6 +155,13 @@ def read_yaml(path: Path) -> Any:
         raise ConfigError(
             f"{where}invalid YAML ({problem})", file=str(path), fix="correct the YAML syntax"
         ) from None
+
+
+def read_yaml(path: Path) -> Any:
+    """Parse one YAML file; a syntax error names the file, line and column."""
+    text = read_input(path)
+    with yaml_errors(path):
+        return load_yaml(text)
 
 
 def close(word: object, known: Collection[str], cutoff: float = 0.6) -> str | None:
