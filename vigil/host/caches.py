@@ -67,9 +67,10 @@ def _real_path(top: str, rel: str = "") -> bool:
     """Whether ``top/rel`` is a directory reached through real directories only: no
     component from ``top`` down (``top`` included) is a symlink. A link planted anywhere
     on the way (``torch_compile_cache -> /rootonly``) makes it not an entry."""
-    path = top
-    for name in [top] + [p for p in rel.split("/") if p]:
-        path = name if name == top else os.path.join(path, name)
+    paths = [top]
+    for name in (p for p in rel.split("/") if p):
+        paths.append(os.path.join(paths[-1], name))
+    for path in paths:
         try:
             st = os.lstat(path)
         except OSError:
