@@ -871,7 +871,7 @@ def _normalize(layer: Layer, known: set[str], foreign_ok: bool,
             raise ConfigError(f"both {alias} and {key} are given", file=where,
                               fix=f"keep one ({alias} is Ansible's name of {key})")
         value = data.pop(alias)
-        if key == "ssh_port" and isinstance(value, str) and value.strip().isdigit():
+        if key == "ssh_port" and isinstance(value, str) and value.strip().isdecimal():
             value = int(value)
         elif key == "sudo":
             value = ansible.boolean(value)
